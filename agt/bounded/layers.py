@@ -1,0 +1,250 @@
+"""Per-layer rules: nominal pass (training dtype) and interval pass (float64 bounds).
+
+Each supported layer type has one rule object, registered by kind (STYLE.md pattern 2);
+an unregistered layer raises instead of falling back.
+
+Shapes. Nominal activations are ``(b, ...)`` in the training dtype. In the interval pass
+an activation is either an exact float64 tensor ``(b, ...)`` (the data, shared by every box)
+or an `Interval` ``(G, b, ...)``, one slice per parameter box of the group being bounded;
+interval parameters are ``(G, *param_shape)``.
+
+Backward passes return, besides the gradient w.r.t. the layer input, a `GradSource` per
+parameter that materialises per-sample gradients for a range of rows (output units /
+output channels) only when asked: per-sample weight gradients of a wide layer are the
+dominant memory cost and are consumed chunk by chunk (see agt/topk.py).
+
+Rounding: the nominal code below is the *definition* of the nominal computation the bounds
+enclose. Each interval operation is widened for the nominal rounding of the matching
+nominal operation (agt/interval.py), so the two must stay in step: a change to a nominal
+formula needs the matching change to its interval twin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+import torch
+import torch.nn.functional as F
+
+from agt import interval as iv
+from agt.errors import ConfigError
+from agt.interval import BOUND_DTYPE, FloatModel, Interval
+from agt.models import LayerSpec
+
+Act = Union[torch.Tensor, Interval]
+
+
+@dataclass(frozen=True)
+class GradSource:
+    """Per-sample gradients of one parameter, produced ``rows`` at a time.
+
+    ``fn(start, stop)`` returns a tensor (nominal) or Interval (bounds) with trailing shape
+    ``(b, (stop - start) * row_size)`` (bounds have a leading group dim); rows index the
+    parameter's first dimension, so a row chunk is a contiguous slice of the flattened
+    parameter.
+    """
+
+    n_rows: int
+    row_size: int
+    fn: Callable[[int, int], object]
+
+
+# ------------------------------------------------------------------------------------------
+class LinearRule:
+    def forward_nominal(self, layer, p, x):
+        z = x @ p["weight"].T
+        if "bias" in p:
+            z = z + p["bias"]
+        return z, x
+
+    def backward_nominal(self, layer, p, a, delta, need_input_grad):
+        grad_in = delta @ p["weight"] if need_input_grad else None
+        out_f, in_f = p["weight"].shape
+        b = delta.shape[0]
+
+        def weight(start, stop):
+            return (delta[:, start:stop, None] * a[:, None, :]).reshape(b, -1)
+
+        sources = {"weight": GradSource(out_f, in_f, weight)}
+        if "bias" in p:
+            sources["bias"] = GradSource(out_f, 1, lambda s, e: delta[:, s:e])
+        return grad_in, sources
+
+    def forward_bounds(self, layer, p, x: Act, fm: FloatModel):
+        w_t = p["weight"].map(lambda t: t.transpose(-1, -2))          # (G, in, out)
+        if isinstance(x, Interval):
+            z = iv.matmul(x, w_t, fm)                                   # (G, b, out)
+        else:
+            z = iv.matmul_exact_left(x, w_t, fm)                        # (G, b, out)
+        if "bias" in p:
+            z = iv.add(z, p["bias"].map(lambda t: t.unsqueeze(-2)), fm)
+        return z, x
+
+    def backward_bounds(self, layer, p, a: Act, delta: Interval, fm, need_input_grad):
+        grad_in = iv.matmul(delta, p["weight"], fm) if need_input_grad else None
+        g, b, out_f = delta.shape
+        in_f = p["weight"].shape[-1]
+
+        def weight(start, stop):
+            d = delta[:, :, start:stop].map(lambda t: t.unsqueeze(-1))     # (G, b, r, 1)
+            if isinstance(a, Interval):
+                prod = iv.mul(d, a.map(lambda t: t.unsqueeze(-2)), fm)     # (G, b, r, in)
+            else:
+                prod = iv.mul_exact(a.unsqueeze(-2), d, fm)                # (G, b, r, in)
+            return prod.map(lambda t: t.reshape(g, b, -1))
+
+        sources = {"weight": GradSource(out_f, in_f, weight)}
+        if "bias" in p:
+            sources["bias"] = GradSource(out_f, 1, lambda s, e: delta[:, :, s:e])
+        return grad_in, sources
+
+
+# ------------------------------------------------------------------------------------------
+class Conv2dRule:
+    """Convolution as unfold (an exact copy) followed by a matrix product, so its rounding
+    error obeys the dot-product bound whatever the backend; the nominal pass uses the same
+    formulation."""
+
+    @staticmethod
+    def _unfold(layer: LayerSpec, x: torch.Tensor) -> torch.Tensor:
+        return F.unfold(x, layer.kernel, padding=layer.padding, stride=layer.stride)
+
+    @staticmethod
+    def _out_hw(layer: LayerSpec, h: int, w: int) -> tuple[int, int]:
+        return ((h + 2 * layer.padding - layer.kernel) // layer.stride + 1,
+                (w + 2 * layer.padding - layer.kernel) // layer.stride + 1)
+
+    def forward_nominal(self, layer, p, x):
+        b, _, h, w = x.shape
+        oh, ow = self._out_hw(layer, h, w)
+        patches = self._unfold(layer, x)                                 # (b, CKK, L)
+        z = p["weight"].reshape(layer.out_features, -1) @ patches        # (b, Cout, L)
+        if "bias" in p:
+            z = z + p["bias"][:, None]
+        return z.reshape(b, layer.out_features, oh, ow), (patches, (h, w))
+
+    def backward_nominal(self, layer, p, cache, delta, need_input_grad):
+        patches, (h, w) = cache
+        b = delta.shape[0]
+        d = delta.reshape(b, layer.out_features, -1)                     # (b, Cout, L)
+        grad_in = None
+        if need_input_grad:
+            gp = p["weight"].reshape(layer.out_features, -1).T @ d       # (b, CKK, L)
+            grad_in = F.fold(gp, (h, w), layer.kernel, padding=layer.padding, stride=layer.stride)
+        patches_t = patches.transpose(1, 2)                              # (b, L, CKK)
+        ckk = patches.shape[1]
+
+        def weight(start, stop):
+            return (d[:, start:stop, :] @ patches_t).reshape(b, -1)
+
+        sources = {"weight": GradSource(layer.out_features, ckk, weight)}
+        if "bias" in p:
+            sources["bias"] = GradSource(layer.out_features, 1,
+                                         lambda s, e: d[:, s:e, :].sum(-1))
+        return grad_in, sources
+
+    def forward_bounds(self, layer, p, x: Act, fm):
+        w_mat = p["weight"].map(lambda t: t.reshape(t.shape[0], 1, layer.out_features, -1))
+        if isinstance(x, Interval):
+            g, b, c, h, w = x.shape
+            patches = x.map(lambda t: self._unfold(layer, t.reshape(g * b, c, h, w))
+                            .reshape(g, b, -1, self._unfold_len(layer, h, w)))
+            z = iv.matmul(w_mat, patches, fm)                              # (G, b, Cout, L)
+        else:
+            b, c, h, w = x.shape
+            patches = self._unfold(layer, x)                               # (b, CKK, L)
+            z = iv.matmul_exact_right(w_mat, patches, fm)                  # (G, b, Cout, L)
+        if "bias" in p:
+            z = iv.add(z, p["bias"].map(lambda t: t[:, None, :, None]), fm)
+        oh, ow = self._out_hw(layer, h, w)
+        z = z.map(lambda t: t.reshape(t.shape[0], t.shape[1], layer.out_features, oh, ow))
+        return z, (patches, (h, w))
+
+    def _unfold_len(self, layer, h, w):
+        oh, ow = self._out_hw(layer, h, w)
+        return oh * ow
+
+    def backward_bounds(self, layer, p, cache, delta: Interval, fm, need_input_grad):
+        patches, (h, w) = cache
+        g, b = delta.shape[0], delta.shape[1]
+        d = delta.map(lambda t: t.reshape(g, b, layer.out_features, -1))  # (G, b, Cout, L)
+        grad_in = None
+        if need_input_grad:
+            w_t = p["weight"].map(lambda t: t.reshape(g, 1, layer.out_features, -1)
+                                  .transpose(-1, -2))                      # (G, 1, CKK, Cout)
+            gp = iv.matmul(w_t, d, fm)                                     # (G, b, CKK, L)
+            ckk, length = gp.shape[-2], gp.shape[-1]
+
+            def fold(t):
+                return F.fold(t.reshape(g * b, ckk, length), (h, w), layer.kernel,
+                              padding=layer.padding, stride=layer.stride)
+
+            n_overlap = layer.kernel * layer.kernel
+            folded = fm.widen(fold(gp.lo), fold(gp.hi), fold(gp.magnitude()), n_overlap)
+            grad_in = folded.map(lambda t: t.reshape(g, b, *t.shape[1:]))
+        exact_patches = not isinstance(patches, Interval)
+        ckk = patches.shape[-2]
+
+        def weight(start, stop):
+            dd = d[:, :, start:stop, :]                                    # (G, b, r, L)
+            if exact_patches:
+                prod = iv.matmul_exact_right(dd, patches.transpose(-1, -2), fm)
+            else:
+                prod = iv.matmul(dd, patches.map(lambda t: t.transpose(-1, -2)), fm)
+            return prod.map(lambda t: t.reshape(g, b, -1))
+
+        sources = {"weight": GradSource(layer.out_features, ckk, weight)}
+        if "bias" in p:
+            sources["bias"] = GradSource(layer.out_features, 1,
+                                         lambda s, e: iv.sum_intervals(d[:, :, s:e, :], -1, fm))
+        return grad_in, sources
+
+
+# ------------------------------------------------------------------------------------------
+class ReLURule:
+    def forward_nominal(self, layer, p, x):
+        return torch.relu(x), x
+
+    def backward_nominal(self, layer, p, z, delta, need_input_grad):
+        return delta * (z > 0).to(delta.dtype), {}
+
+    def forward_bounds(self, layer, p, x: Act, fm):
+        if isinstance(x, Interval):
+            return iv.relu(x), x
+        return torch.relu(x), x
+
+    def backward_bounds(self, layer, p, z: Act, delta: Interval, fm, need_input_grad):
+        if isinstance(z, Interval):
+            return iv.mask_product(delta, iv.heaviside_mask(z)), {}
+        mask = (z > 0).to(BOUND_DTYPE)
+        return iv.mask_product(delta, Interval(mask, mask)), {}
+
+
+class FlattenRule:
+    def forward_nominal(self, layer, p, x):
+        return x.reshape(x.shape[0], -1), x.shape
+
+    def backward_nominal(self, layer, p, shape, delta, need_input_grad):
+        return delta.reshape(shape), {}
+
+    def forward_bounds(self, layer, p, x: Act, fm):
+        if isinstance(x, Interval):
+            return x.map(lambda t: t.reshape(t.shape[0], t.shape[1], -1)), tuple(x.shape[1:])
+        return x.reshape(x.shape[0], -1), tuple(x.shape)
+
+    def backward_bounds(self, layer, p, shape, delta: Interval, fm, need_input_grad):
+        # shape = (b, ...) of the layer input without the group dim
+        g = delta.shape[0]
+        return delta.map(lambda t: t.reshape(g, *shape)), {}
+
+
+RULES = {"linear": LinearRule(), "conv2d": Conv2dRule(), "relu": ReLURule(),
+         "flatten": FlattenRule()}
+
+
+def rule_for(layer: LayerSpec):
+    try:
+        return RULES[layer.kind]
+    except KeyError:
+        raise ConfigError(f"no bound rule registered for layer '{layer.kind}'") from None

@@ -1,0 +1,97 @@
+"""Forward and backward passes over a sequential model: nominal and interval.
+
+`Network` owns the list of layers of the *trainable* part of a model (the frozen prefix is
+applied once to the data, see agt/training.py) and chains the per-layer rules of
+agt/bounded/layers.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agt.bounded.layers import GradSource, rule_for
+from agt.bounded.losses import loss_grad_bounds, loss_grad_nominal
+from agt.interval import FloatModel, Interval
+from agt.models import LayerSpec, ModelSpec
+
+
+def _layer_params(params: dict, index: int) -> dict:
+    out = {}
+    for short in ("weight", "bias"):
+        key = f"{index}.{short}"
+        if key in params:
+            out[short] = params[key]
+    return out
+
+
+@dataclass(frozen=True)
+class Network:
+    """The layers ``layers[first:]`` of a model, with global layer indices."""
+
+    layers: tuple[LayerSpec, ...]
+    first: int = 0
+
+    @staticmethod
+    def trainable(spec: ModelSpec) -> "Network":
+        return Network(spec.layers[spec.frozen_layers:], spec.frozen_layers)
+
+    @staticmethod
+    def prefix(spec: ModelSpec) -> "Network":
+        return Network(spec.layers[:spec.frozen_layers], 0)
+
+    def _indexed(self):
+        for offset, layer in enumerate(self.layers):
+            yield self.first + offset, layer, rule_for(layer)
+
+    # -- nominal -----------------------------------------------------------------------
+    def forward_nominal(self, params: dict[str, torch.Tensor], x: torch.Tensor):
+        caches = []
+        for idx, layer, rule in self._indexed():
+            x, cache = rule.forward_nominal(layer, _layer_params(params, idx), x)
+            caches.append(cache)
+        return x, caches
+
+    def grads_nominal(self, params, x, y, loss) -> dict[str, GradSource]:
+        """Per-sample gradient sources of every parameter, nominal dtype."""
+        z, caches = self.forward_nominal(params, x)
+        delta = loss_grad_nominal(loss, z, y)
+        return self._backward(params, caches, delta, nominal=True, fm=None)
+
+    # -- bounds ------------------------------------------------------------------------
+    def forward_bounds(self, params: dict[str, Interval], x: torch.Tensor, fm: FloatModel):
+        """x: exact float64 (b, ...) data; params: Interval (G, ...). Returns logits
+        Interval (G, b, C) and the caches."""
+        act = x
+        caches = []
+        for idx, layer, rule in self._indexed():
+            act, cache = rule.forward_bounds(layer, _layer_params(params, idx), act, fm)
+            caches.append(cache)
+        if not isinstance(act, Interval):
+            g = next(iter(params.values())).shape[0]
+            act = Interval.exact(act.unsqueeze(0).expand(g, *act.shape))
+        return act, caches
+
+    def grads_bounds(self, params, x, y, loss, fm) -> dict[str, GradSource]:
+        z, caches = self.forward_bounds(params, x, fm)
+        delta = loss_grad_bounds(loss, z, y, fm)
+        return self._backward(params, caches, delta, nominal=False, fm=fm)
+
+    # -- shared backward driver ----------------------------------------------------------
+    def _backward(self, params, caches, delta, nominal: bool, fm):
+        sources: dict[str, GradSource] = {}
+        entries = list(self._indexed())
+        first_param = min((i for i, (_, layer, _) in enumerate(entries) if layer.has_params),
+                          default=len(entries))
+        for pos in range(len(entries) - 1, first_param - 1, -1):
+            idx, layer, rule = entries[pos]
+            p = _layer_params(params, idx)
+            need_input = pos > first_param
+            if nominal:
+                delta, src = rule.backward_nominal(layer, p, caches[pos], delta, need_input)
+            else:
+                delta, src = rule.backward_bounds(layer, p, caches[pos], delta, fm, need_input)
+            for short, source in src.items():
+                sources[f"{idx}.{short}"] = source
+        return sources

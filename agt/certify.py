@@ -1,0 +1,226 @@
+"""Query-time certification: the largest certified stable distance k* per query.
+
+A prediction is *certified at k* (paper Def. 4.1, Lemma 4.4) when every parameter in the
+k-box gives the same class *and* that class equals the one the served nominal model
+releases. Binary (one logit z): class 1 needs z_L > 0, class 0 needs z_U < 0. Multi-class:
+for the released class c and every j != c, the margin z_c - z_j, bounded directly through
+the last linear layer as ((W_c - W_j) h + b_c - b_j) over the box, must have a positive
+lower bound (tighter than comparing separate logit intervals). Logit boxes are widened for
+the rounding of the served float computation, so "certified" speaks about the model the
+served code would compute on any dataset within distance k.
+
+Smooth radius r (what the mechanisms use, DESIGN.md "The smooth bound must itself be
+smooth"): on a contiguous grid {0, 1, ..., K} r = k*; on a sparse grid r is the *index* j of
+the largest certified grid value g_j. Stability at distance 0 holds trivially, so r >= 0
+even when the k = 0 box does not certify (then k* is reported as -1).
+
+Search: boxes are nested in k (validated on load), so certification is monotone in k and a
+binary search over the grid per query finds k* in O(log K) interval passes; a linear scan
+(`certify_linear`) is kept as the reference it is tested against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from agt.bounded.network import Network
+from agt.errors import BundleError, DataError
+from agt.interval import BOUND_DTYPE, FloatModel, Interval
+from agt import interval as iv
+from agt.store import Bundle
+
+_QUERY_ELEMENTS = 1 << 23
+
+
+@dataclass(frozen=True)
+class Certificate:
+    prediction: np.ndarray          # (Q,) int64: the released nominal class
+    max_certified_k: np.ndarray     # (Q,) int64: largest certified grid value, -1 if none
+    radius: np.ndarray              # (Q,) int64: smooth radius (k* or grid index)
+    k_values: tuple[int, ...]
+    contiguous: bool
+
+    def certified_fraction(self) -> dict[int, float]:
+        """Fraction of queries certified at each k of the grid."""
+        q = max(1, len(self.prediction))
+        return {k: float((self.max_certified_k >= k).sum()) / q for k in self.k_values}
+
+
+class Certifier:
+    def __init__(self, bundle: Bundle, device: str | torch.device = "cpu",
+                 served: dict[str, torch.Tensor] | torch.nn.Module | None = None):
+        self.bundle = bundle
+        self.device = torch.device(device)
+        self.spec = bundle.spec
+        self.dtype = {"float32": torch.float32, "float64": torch.float64}[bundle.dtype]
+        self.fm = FloatModel(self.dtype)
+        self.k_values = tuple(bundle.k_values)
+        self.contiguous = self.k_values == tuple(range(len(self.k_values)))
+        if served is not None:
+            check_served_model(bundle, served)
+        self.nominal = {k: v.to(self.device, self.dtype) for k, v in bundle.nominal.items()}
+        self.prefix = Network.prefix(self.spec)
+        body_layers = self.spec.layers[self.spec.frozen_layers:]
+        if body_layers[-1].kind != "linear":
+            raise BundleError("certification needs a model ending in a linear layer")
+        self.body = Network(body_layers[:-1], self.spec.frozen_layers)
+        self.last = len(self.spec.layers) - 1
+        self.full = Network(self.spec.layers, 0)
+        self.n_logits = self.spec.n_logits
+        self.trainable = self.spec.trainable_param_names()
+        self.lower = {n: bundle.lower[n].to(self.device) for n in self.trainable}
+        self.upper = {n: bundle.upper[n].to(self.device) for n in self.trainable}
+
+    # -- inputs and nominal predictions -----------------------------------------------------
+    def _check_queries(self, x) -> torch.Tensor:
+        x = torch.as_tensor(np.asarray(x), dtype=torch.float64)
+        shape = tuple(self.spec.require_input_shape())
+        if tuple(x.shape[1:]) != shape:
+            raise DataError(f"queries have feature shape {tuple(x.shape[1:])}, the model "
+                            f"expects {shape}")
+        if not bool(torch.isfinite(x).all()):
+            bad = int((~torch.isfinite(x.reshape(x.shape[0], -1))).any(1).nonzero()[0])
+            raise DataError(f"query {bad} contains NaN or infinite values")
+        return x.to(self.device, self.dtype)
+
+    def predict(self, x) -> np.ndarray:
+        xq = self._check_queries(x)
+        with torch.no_grad():
+            z, _ = self.full.forward_nominal(self.nominal, xq)
+        return self._classes(z).cpu().numpy()
+
+    def _classes(self, z: torch.Tensor) -> torch.Tensor:
+        if self.n_logits == 1:
+            return (z[:, 0] > 0).to(torch.int64)
+        return z.argmax(dim=-1)
+
+    def _features(self, xq: torch.Tensor):
+        """Inputs of the trainable part for the bound pass: exact, or a widened Interval
+        (1, b, ...) behind a frozen prefix."""
+        if not self.prefix.layers:
+            return xq.to(BOUND_DTYPE)
+        frozen = {k: Interval.exact(v.unsqueeze(0)) for k, v in self.nominal.items()
+                  if k not in self.trainable}
+        box, _ = self.prefix.forward_bounds(frozen, xq.to(BOUND_DTYPE), self.fm)
+        return box
+
+    # -- certification of given (query, box) pairs ------------------------------------------
+    def _certified(self, feats, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """Whether query q is certified in box j[q] (one box per query). feats: exact (Q, ...)
+        or Interval (1, Q, ...)."""
+        Q = pred.shape[0]
+        params = {n: Interval(self.lower[n][j], self.upper[n][j]) for n in self.trainable}
+        if isinstance(feats, Interval):
+            x_box = Interval(feats.lo[0].unsqueeze(1), feats.hi[0].unsqueeze(1))  # (Q, 1, ...)
+        else:
+            x_box = Interval.exact(feats.unsqueeze(1))
+        h = x_box
+        for idx, layer in enumerate(self.body.layers):
+            from agt.bounded.layers import rule_for
+            gidx = self.body.first + idx
+            lp = {s: params[f"{gidx}.{s}"] for s in ("weight", "bias") if f"{gidx}.{s}" in params}
+            h, _ = rule_for(layer).forward_bounds(layer, lp, h, self.fm)
+        h = h.map(lambda t: t[:, 0])                                           # (Q, in)
+        W = params[f"{self.last}.weight"]                                      # (Q, C, in)
+        bias = params.get(f"{self.last}.bias")
+        if self.n_logits == 1:
+            z = iv.mul(W[:, 0], h, self.fm)
+            z = iv.sum_intervals(z, -1, self.fm)
+            if bias is not None:
+                z = iv.add(z, bias[:, 0], self.fm)
+            return torch.where(pred == 1, z.lo > 0, z.hi < 0)
+        ar = torch.arange(Q, device=pred.device)
+        wc = W[ar, pred]                                                       # (Q, in)
+        diff = Interval(wc.lo[:, None, :] - W.hi, wc.hi[:, None, :] - W.lo)   # (Q, C, in)
+        hh = h.map(lambda t: t[:, None, :])
+        margin = iv.sum_intervals(iv.mul(diff, hh, self.fm), -1, self.fm)      # (Q, C)
+        mag = ((wc.magnitude()[:, None, :] + W.magnitude()) * hh.magnitude()).sum(-1)
+        lo = margin.lo
+        if bias is not None:
+            bc = bias[ar, pred]
+            lo = lo + (bc.lo[:, None] - bias.hi)
+            mag = mag + bc.magnitude()[:, None] + bias.magnitude()
+        # the served model rounds z_c and z_j separately: widen for both computations
+        n_in = W.shape[-1]
+        lo = lo - 2.0 * (mag * self.fm.coeff(n_in + 2) + self.fm.absolute(n_in + 2))
+        others = torch.ones_like(lo, dtype=torch.bool)
+        others[ar, pred] = False
+        return torch.where(others, lo > 0, torch.ones_like(others)).all(dim=-1)
+
+    def _query_chunk(self) -> int:
+        p = sum(int(self.lower[n][0].numel()) for n in self.trainable)
+        width = max(p, self.n_logits * 8)
+        return max(1, _QUERY_ELEMENTS // width)
+
+    # -- public ---------------------------------------------------------------------------
+    def certify(self, x) -> Certificate:
+        """Binary search for the largest certified box per query."""
+        xq = self._check_queries(x)
+        with torch.no_grad():
+            z, _ = self.full.forward_nominal(self.nominal, xq)
+            pred = self._classes(z)
+            best = torch.full((xq.shape[0],), -1, dtype=torch.int64, device=self.device)
+            step = self._query_chunk()
+            K = len(self.k_values)
+            for q0 in range(0, xq.shape[0], step):
+                sl = slice(q0, q0 + step)
+                feats = self._features(xq[sl])
+                p = pred[sl]
+                lo = torch.zeros_like(p)            # candidate range [lo, hi] for the answer+1
+                hi = torch.full_like(p, K)
+                # invariant: boxes < lo certified (as far as tested), boxes >= hi not
+                while bool((lo < hi).any()):
+                    mid = (lo + hi) // 2
+                    active = lo < hi
+                    ok = self._certified(feats, p, mid.clamp(max=K - 1))
+                    ok = ok & active
+                    lo = torch.where(ok, mid + 1, lo)
+                    hi = torch.where(active & ~ok, mid, hi)
+                best[sl] = lo - 1
+        return self._finish(pred, best)
+
+    def certify_linear(self, x) -> Certificate:
+        """Reference: test every box in order; k* = last k of the certified prefix."""
+        xq = self._check_queries(x)
+        with torch.no_grad():
+            z, _ = self.full.forward_nominal(self.nominal, xq)
+            pred = self._classes(z)
+            feats = self._features(xq)
+            alive = torch.ones_like(pred, dtype=torch.bool)
+            best = torch.full_like(pred, -1)
+            for j in range(len(self.k_values)):
+                ok = self._certified(feats, pred, torch.full_like(pred, j)) & alive
+                best = torch.where(ok, torch.full_like(best, j), best)
+                alive = ok
+        return self._finish(pred, best)
+
+    def _finish(self, pred: torch.Tensor, best_index: torch.Tensor) -> Certificate:
+        idx = best_index.cpu().numpy()
+        kv = np.asarray(self.k_values, dtype=np.int64)
+        max_k = np.where(idx >= 0, kv[np.clip(idx, 0, None)], -1)
+        if self.contiguous:
+            radius = np.maximum(max_k, 0)
+        else:
+            radius = np.maximum(idx, 0)
+        return Certificate(pred.cpu().numpy(), max_k.astype(np.int64), radius.astype(np.int64),
+                           self.k_values, self.contiguous)
+
+
+def check_served_model(bundle: Bundle, served) -> None:
+    """Refuse a served model whose architecture or nominal parameters differ from the bundle."""
+    state = served.state_dict() if isinstance(served, torch.nn.Module) else dict(served)
+    expected = bundle.spec.param_shapes
+    if set(state) != set(expected):
+        raise BundleError(f"served model parameters {sorted(state)} do not match the bundle's "
+                          f"{sorted(expected)}: different architecture")
+    for name, value in state.items():
+        ref = bundle.nominal[name]
+        if tuple(value.shape) != tuple(ref.shape):
+            raise BundleError(f"served parameter '{name}' has shape {tuple(value.shape)}, the "
+                              f"bundle has {tuple(ref.shape)}")
+        if not torch.equal(value.detach().cpu().to(ref.dtype), ref):
+            raise BundleError(f"served parameter '{name}' differs from the bundle's nominal "
+                              f"parameters: the certificates do not apply to this model")

@@ -1,0 +1,230 @@
+"""Interval tensors and sound interval arithmetic with outward rounding.
+
+Every bound in agt is computed in float64 and must enclose two things:
+
+1. the exact-arithmetic result for every point of the input boxes, and
+2. what the *nominal* floating-point computation (in the training dtype, float32 or
+   float64) returns for every such point.
+
+Neither PyTorch nor the CPU give directed rounding, so each operation computes its result
+with round-to-nearest and then widens it outward by a rigorous a-priori error bound
+(Higham, "Accuracy and Stability of Numerical Algorithms", Thm 3.1/3.5): a sum of ``n``
+products evaluated in *any* order (blocked, pairwise, with or without FMA) satisfies
+
+    |fl(sum_i a_i b_i) - sum_i a_i b_i| <= gamma_n(u) * sum_i |a_i b_i|,
+    gamma_n(u) = n u / (1 - n u),
+
+plus ``n`` times the smallest normal number for underflow (this also covers
+flush-to-zero). `FloatModel.widen` adds both error terms, one for the nominal dtype and one
+for the float64 bound computation itself, each with headroom.
+
+`Interval` is the one value type of the tensor core (STYLE.md, pattern 1): a frozen pair
+``lo <= hi`` of float64 tensors of equal shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agt.errors import SoundnessError
+
+BOUND_DTYPE = torch.float64
+_U64 = 2.0**-53
+_TINY64 = torch.finfo(torch.float64).tiny
+
+
+def gamma(n: int | float, u: float) -> float:
+    """Higham's gamma_n = n u / (1 - n u) (requires n u < 1)."""
+    nu = n * u
+    if nu >= 0.5:
+        raise SoundnessError(f"rounding bound undefined for {n} terms at unit roundoff {u}")
+    return nu / (1.0 - nu)
+
+
+@dataclass(frozen=True)
+class FloatModel:
+    """Rounding model of the nominal computation (dtype) plus the float64 bound computation.
+
+    ``coeff(n)`` is the relative error coefficient to apply to the magnitude bound of an
+    operation with ``n`` rounded terms; ``absolute(n)`` covers underflow.
+    """
+
+    nominal_dtype: torch.dtype
+
+    @property
+    def unit_roundoff(self) -> float:
+        return torch.finfo(self.nominal_dtype).eps / 2.0
+
+    def coeff(self, n_terms: int | float) -> float:
+        # nominal rounding (n + 2 roundings per term covers the products, the sum and a
+        # final cast) + float64 rounding of the bound computation (mid, rad, mag, widen).
+        c = gamma(n_terms + 2, self.unit_roundoff) + gamma(3 * n_terms + 8, _U64)
+        return c * (1.0 + 1e-6) + 4 * _U64
+
+    def absolute(self, n_terms: int | float) -> float:
+        return (n_terms + 2) * (torch.finfo(self.nominal_dtype).tiny + _TINY64) * 2.0
+
+    def widen(self, lo: torch.Tensor, hi: torch.Tensor, mag: torch.Tensor | float,
+              n_terms: int | float) -> "Interval":
+        """Outward-widen [lo, hi] by the rounding bound for a result of magnitude <= mag."""
+        w = mag * self.coeff(n_terms) + self.absolute(n_terms)
+        return Interval(lo - w, hi + w)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A box [lo, hi] of float64 tensors (elementwise lo <= hi)."""
+
+    lo: torch.Tensor
+    hi: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.lo.shape != self.hi.shape:
+            raise SoundnessError(f"interval bounds of different shapes {tuple(self.lo.shape)}"
+                                 f" and {tuple(self.hi.shape)}")
+
+    # -- constructors -----------------------------------------------------------------
+    @staticmethod
+    def exact(x: torch.Tensor) -> "Interval":
+        x = x.to(BOUND_DTYPE)
+        return Interval(x, x)
+
+    @staticmethod
+    def hull(a: "Interval", b: "Interval") -> "Interval":
+        return Interval(torch.minimum(a.lo, b.lo), torch.maximum(a.hi, b.hi))
+
+    # -- views ------------------------------------------------------------------------
+    @property
+    def shape(self) -> torch.Size:
+        return self.lo.shape
+
+    def midrad(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mid, rad) with [mid - rad, mid + rad] guaranteed to contain [lo, hi]."""
+        mid = 0.5 * (self.lo + self.hi)
+        rad = torch.maximum(self.hi - mid, mid - self.lo)
+        rad = rad * (1.0 + 4 * _U64) + _TINY64
+        return mid, rad
+
+    def magnitude(self) -> torch.Tensor:
+        """max |x| over the box."""
+        return torch.maximum(self.lo.abs(), self.hi.abs())
+
+    def width(self) -> torch.Tensor:
+        return self.hi - self.lo
+
+    def contains(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(BOUND_DTYPE)
+        return (self.lo <= x) & (x <= self.hi)
+
+    def map(self, fn) -> "Interval":
+        """Apply a shape operation (view, reshape, index) to both ends."""
+        return Interval(fn(self.lo), fn(self.hi))
+
+    def __getitem__(self, idx) -> "Interval":
+        return Interval(self.lo[idx], self.hi[idx])
+
+
+# ----------------------------------------------------------------------------------------
+# Monotone maps: exact on the endpoints (ReLU, clamp are exact in floating point too).
+# ----------------------------------------------------------------------------------------
+
+def relu(x: Interval) -> Interval:
+    return Interval(x.lo.clamp_min(0.0), x.hi.clamp_min(0.0))
+
+
+def clamp(x: Interval, bound: float) -> Interval:
+    return Interval(x.lo.clamp(-bound, bound), x.hi.clamp(-bound, bound))
+
+
+def add(a: Interval, b: Interval, fm: FloatModel) -> Interval:
+    mag = a.magnitude() + b.magnitude()
+    return fm.widen(a.lo + b.lo, a.hi + b.hi, mag, 1)
+
+
+def sum_intervals(x: Interval, dim: int, fm: FloatModel) -> Interval:
+    """Sum along ``dim`` (n terms, any summation order)."""
+    n = x.shape[dim]
+    return fm.widen(x.lo.sum(dim), x.hi.sum(dim), x.magnitude().sum(dim), n)
+
+
+def mul(a: Interval, b: Interval, fm: FloatModel) -> Interval:
+    """Elementwise product with broadcasting: the exact four-corner rule.
+
+    [a]*[b] = [min(corners), max(corners)] with corners a_l b_l, a_l b_u, a_u b_l, a_u b_u.
+    For a per-sample outer product (a contraction of length 1) this is as cheap as Rump's
+    midpoint-radius product and never looser (DESIGN.md section 3).
+    """
+    p1 = a.lo * b.lo
+    p2 = a.lo * b.hi
+    p3 = a.hi * b.lo
+    p4 = a.hi * b.hi
+    lo = torch.minimum(torch.minimum(p1, p2), torch.minimum(p3, p4))
+    hi = torch.maximum(torch.maximum(p1, p2), torch.maximum(p3, p4))
+    mag = a.magnitude() * b.magnitude()
+    return fm.widen(lo, hi, mag, 1)
+
+
+def mul_exact(x: torch.Tensor, b: Interval, fm: FloatModel) -> Interval:
+    """Elementwise product of an exact (float64) tensor with an interval."""
+    p1 = x * b.lo
+    p2 = x * b.hi
+    lo = torch.minimum(p1, p2)
+    hi = torch.maximum(p1, p2)
+    return fm.widen(lo, hi, x.abs() * b.magnitude(), 1)
+
+
+def matmul(a: Interval, b: Interval, fm: FloatModel) -> Interval:
+    """Interval matrix product (batched, broadcasting) by Rump's midpoint-radius rule.
+
+    mid = A_m B_m,  rad = |A_m| B_r + A_r (|B_m| + B_r)   (Rump 1999, Thm 2.1)
+
+    The rule is inclusion-isotone. The magnitude |A|max |B|max used for the rounding bound
+    is |A_m||B_m| + rad.
+    """
+    am, ar = a.midrad()
+    bm, br = b.midrad()
+    mid = am @ bm
+    am_abs = am.abs()
+    rad = am_abs @ br + ar @ (bm.abs() + br)
+    mag = am_abs @ bm.abs() + rad
+    return fm.widen(mid - rad, mid + rad, mag, a.shape[-1])
+
+
+def matmul_exact_left(x: torch.Tensor, b: Interval, fm: FloatModel) -> Interval:
+    """x @ [B] for an exact float64 left factor x."""
+    bm, br = b.midrad()
+    x_abs = x.abs()
+    mid = x @ bm
+    rad = x_abs @ br
+    mag = x_abs @ (bm.abs() + br)
+    return fm.widen(mid - rad, mid + rad, mag, x.shape[-1])
+
+
+def matmul_exact_right(a: Interval, y: torch.Tensor, fm: FloatModel) -> Interval:
+    """[A] @ y for an exact float64 right factor y."""
+    am, ar = a.midrad()
+    y_abs = y.abs()
+    mid = am @ y
+    rad = ar @ y_abs
+    mag = (am.abs() + ar) @ y_abs
+    return fm.widen(mid - rad, mid + rad, mag, a.shape[-1])
+
+
+def heaviside_mask(pre: Interval) -> Interval:
+    """Interval of the ReLU derivative 1[z > 0] over a pre-activation box: 0, 1 or [0, 1].
+
+    `pre` must already be widened for rounding, so a pre-activation the nominal float
+    computation could place on either side of 0 gets [0, 1] (DESIGN.md, floating point).
+    """
+    return Interval((pre.lo > 0).to(BOUND_DTYPE), (pre.hi > 0).to(BOUND_DTYPE))
+
+
+def mask_product(x: Interval, mask: Interval) -> Interval:
+    """x * m for m a {0,1}-valued mask interval: exact (multiplying by 0 or 1 is exact)."""
+    lo = torch.where(mask.lo > 0, x.lo, torch.where(mask.hi > 0, x.lo.clamp_max(0.0),
+                                                    torch.zeros_like(x.lo)))
+    hi = torch.where(mask.lo > 0, x.hi, torch.where(mask.hi > 0, x.hi.clamp_min(0.0),
+                                                    torch.zeros_like(x.hi)))
+    return Interval(lo, hi)

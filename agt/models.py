@@ -1,0 +1,240 @@
+"""Model specifications: a sequential list of layers, validated, buildable as torch.nn.
+
+A model is written in YAML as a list of one-key mappings, e.g.::
+
+    model: [{linear: {in: 6, out: 2}}]
+    model: [{conv2d: {in: 1, out: 16, kernel: 4, stride: 2}}, {relu: {}}, {flatten: {}},
+            {linear: {in: 3200, out: 100}}, {relu: {}}, {linear: {in: 100, out: 1}}]
+
+Parameter names follow ``nn.Sequential(...).state_dict()``: ``"<layer index>.weight"`` and
+``"<layer index>.bias"``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from agt.errors import ConfigError
+
+LAYER_KINDS = ("linear", "conv2d", "relu", "flatten")
+_LAYER_KEYS = {
+    "linear": {"in", "out", "bias"},
+    "conv2d": {"in", "out", "kernel", "stride", "padding", "bias"},
+    "relu": set(),
+    "flatten": set(),
+}
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    kind: str
+    in_features: int = 0
+    out_features: int = 0
+    kernel: int = 0
+    stride: int = 1
+    padding: int = 0
+    bias: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.kind == "linear":
+            return {"linear": {"in": self.in_features, "out": self.out_features, "bias": self.bias}}
+        if self.kind == "conv2d":
+            return {"conv2d": {"in": self.in_features, "out": self.out_features,
+                               "kernel": self.kernel, "stride": self.stride,
+                               "padding": self.padding, "bias": self.bias}}
+        return {self.kind: {}}
+
+    @property
+    def has_params(self) -> bool:
+        return self.kind in ("linear", "conv2d")
+
+
+def _positive_int(value: Any, where: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def parse_layer(entry: Any, index: int) -> LayerSpec:
+    where = f"model[{index}]"
+    if not isinstance(entry, dict) or len(entry) != 1:
+        raise ConfigError(f"{where} must be a one-key mapping like {{linear: {{in: 6, out: 2}}}},"
+                          f" got {entry!r}")
+    (kind, opts), = entry.items()
+    if kind not in _LAYER_KEYS:
+        raise ConfigError(f"{where}: unknown layer '{kind}'; supported layers: "
+                          f"{', '.join(LAYER_KINDS)}")
+    opts = {} if opts is None else opts
+    if not isinstance(opts, dict):
+        raise ConfigError(f"{where}.{kind} options must be a mapping, got {opts!r}")
+    unknown = set(opts) - _LAYER_KEYS[kind]
+    if unknown:
+        raise ConfigError(f"{where}.{kind}: unknown option(s) {sorted(unknown)}; allowed: "
+                          f"{sorted(_LAYER_KEYS[kind])}")
+    if kind == "linear":
+        for key in ("in", "out"):
+            if key not in opts:
+                raise ConfigError(f"{where}.linear needs '{key}'")
+        return LayerSpec("linear", _positive_int(opts["in"], f"{where}.linear.in"),
+                         _positive_int(opts["out"], f"{where}.linear.out"),
+                         bias=_bool(opts.get("bias", True), f"{where}.linear.bias"))
+    if kind == "conv2d":
+        for key in ("in", "out", "kernel"):
+            if key not in opts:
+                raise ConfigError(f"{where}.conv2d needs '{key}'")
+        return LayerSpec("conv2d", _positive_int(opts["in"], f"{where}.conv2d.in"),
+                         _positive_int(opts["out"], f"{where}.conv2d.out"),
+                         kernel=_positive_int(opts["kernel"], f"{where}.conv2d.kernel"),
+                         stride=_positive_int(opts.get("stride", 1), f"{where}.conv2d.stride"),
+                         padding=_positive_int(opts.get("padding", 0), f"{where}.conv2d.padding", 0),
+                         bias=_bool(opts.get("bias", True), f"{where}.conv2d.bias"))
+    return LayerSpec(kind)
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A sequential model; ``frozen_layers`` leading layers are not trained (fixed features)."""
+
+    layers: tuple[LayerSpec, ...]
+    frozen_layers: int = 0
+    input_shape: tuple[int, ...] | None = None
+    param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False)
+
+    @staticmethod
+    def from_config(entries: Any, frozen_layers: int = 0) -> "ModelSpec":
+        if not isinstance(entries, list) or not entries:
+            raise ConfigError("model must be a non-empty list of layers, e.g. "
+                              "[{linear: {in: 6, out: 2}}]")
+        layers = tuple(parse_layer(e, i) for i, e in enumerate(entries))
+        if isinstance(frozen_layers, bool) or not isinstance(frozen_layers, int) \
+                or not 0 <= frozen_layers < len(layers):
+            raise ConfigError(f"frozen_layers must be an integer in [0, {len(layers) - 1}], "
+                              f"got {frozen_layers!r}")
+        if not any(layer.has_params for layer in layers[frozen_layers:]):
+            raise ConfigError("the trainable part of the model (after frozen_layers) has no "
+                              "linear or conv2d layer")
+        return ModelSpec(layers, frozen_layers)
+
+    def with_input_shape(self, input_shape: tuple[int, ...]) -> "ModelSpec":
+        """Check layer dimensions against the data's feature shape and record it."""
+        shape = tuple(int(s) for s in input_shape)
+        shapes = infer_shapes(self.layers, shape)
+        params = {}
+        for i, layer in enumerate(self.layers):
+            if layer.kind == "linear":
+                params[f"{i}.weight"] = (layer.out_features, layer.in_features)
+            elif layer.kind == "conv2d":
+                params[f"{i}.weight"] = (layer.out_features, layer.in_features,
+                                         layer.kernel, layer.kernel)
+            if layer.has_params and layer.bias:
+                params[f"{i}.bias"] = (layer.out_features,)
+        out = shapes[-1]
+        if len(out) != 1:
+            raise ConfigError(f"the model must end in a vector of logits, but its output "
+                              f"has shape {out}; end with a linear layer")
+        return ModelSpec(self.layers, self.frozen_layers, shape, params)
+
+    @property
+    def n_logits(self) -> int:
+        return infer_shapes(self.layers, self.require_input_shape())[-1][0]
+
+    def require_input_shape(self) -> tuple[int, ...]:
+        if self.input_shape is None:
+            raise ConfigError("model input shape unknown (internal: call with_input_shape)")
+        return self.input_shape
+
+    def trainable_param_names(self) -> list[str]:
+        names = []
+        for i, layer in enumerate(self.layers):
+            if i >= self.frozen_layers and layer.has_params:
+                names.append(f"{i}.weight")
+                if layer.bias:
+                    names.append(f"{i}.bias")
+        return names
+
+    def to_json(self) -> str:
+        return json.dumps({"layers": [layer.to_dict() for layer in self.layers],
+                           "frozen_layers": self.frozen_layers,
+                           "input_shape": list(self.require_input_shape())}, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "ModelSpec":
+        data = json.loads(text)
+        spec = ModelSpec.from_config(data["layers"], data.get("frozen_layers", 0))
+        return spec.with_input_shape(tuple(data["input_shape"]))
+
+    def build(self, dtype: torch.dtype = torch.float64) -> nn.Sequential:
+        return build_module(self.layers).to(dtype)
+
+
+def infer_shapes(layers: tuple[LayerSpec, ...], input_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Shapes (without batch dim) after each layer; raises ConfigError on a mismatch."""
+    shape = tuple(input_shape)
+    shapes = [shape]
+    for i, layer in enumerate(layers):
+        where = f"model[{i}] ({layer.kind})"
+        if layer.kind == "linear":
+            if len(shape) != 1 or shape[0] != layer.in_features:
+                raise ConfigError(f"{where} expects {layer.in_features} input features but "
+                                  f"receives shape {shape}; fix 'in' or add a flatten layer")
+            shape = (layer.out_features,)
+        elif layer.kind == "conv2d":
+            if len(shape) != 3 or shape[0] != layer.in_features:
+                raise ConfigError(f"{where} expects input (channels={layer.in_features}, H, W)"
+                                  f" but receives shape {shape}")
+            h = (shape[1] + 2 * layer.padding - layer.kernel) // layer.stride + 1
+            w = (shape[2] + 2 * layer.padding - layer.kernel) // layer.stride + 1
+            if h < 1 or w < 1:
+                raise ConfigError(f"{where}: kernel {layer.kernel} does not fit input {shape}")
+            shape = (layer.out_features, h, w)
+        elif layer.kind == "flatten":
+            n = 1
+            for s in shape:
+                n *= s
+            shape = (n,)
+        shapes.append(shape)
+    return shapes
+
+
+def build_module(layers: tuple[LayerSpec, ...]) -> nn.Sequential:
+    mods: list[nn.Module] = []
+    for layer in layers:
+        if layer.kind == "linear":
+            mods.append(nn.Linear(layer.in_features, layer.out_features, bias=layer.bias))
+        elif layer.kind == "conv2d":
+            mods.append(nn.Conv2d(layer.in_features, layer.out_features, layer.kernel,
+                                  stride=layer.stride, padding=layer.padding, bias=layer.bias))
+        elif layer.kind == "relu":
+            mods.append(nn.ReLU())
+        else:
+            mods.append(nn.Flatten())
+    return nn.Sequential(*mods)
+
+
+def init_params(spec: ModelSpec, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Deterministic initial parameters: PyTorch's default init under ``manual_seed(seed)``."""
+    gen_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        module = build_module(spec.layers)
+    finally:
+        torch.random.set_rng_state(gen_state)
+    return {k: v.detach().to(dtype).clone() for k, v in module.state_dict().items()}
+
+
+def spec_dict(spec: ModelSpec) -> dict[str, Any]:
+    return json.loads(spec.to_json())
+
+
+__all__ = ["LayerSpec", "ModelSpec", "init_params", "infer_shapes", "build_module", "asdict"]

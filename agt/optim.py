@@ -1,0 +1,114 @@
+"""Optimizer updates: the nominal rule (training dtype) and its sound interval twin.
+
+Nominal rule (PyTorch ``torch.optim.SGD`` semantics, all constants rounded once to the
+training dtype): with d the mean clamped gradient,
+
+    g = d + l2 * theta
+    sgd:   theta <- theta - lr_t * g
+    sgdm:  v <- g                      at the first step,
+           v <- momentum * v + (1 - dampening) * g   afterwards,
+           dir = g + momentum * v (nesterov) or v;   theta <- theta - lr_t * dir
+
+Interval rule. Each new quantity is an affine function of the *independent* boxes
+[theta], [v], [d] in which every variable appears once, e.g. for sgdm after the first step
+
+    theta' = (1 - lr c l2) theta - lr c d - lr m2 v,   c = 1 + momentum (1 - dampening)
+                                                       (nesterov; c = 1 - dampening, m2 =
+                                                       momentum otherwise),
+
+so evaluating it with interval arithmetic gives its exact range over the boxes (sound
+and inclusion-isotone, also with momentum *and* L2: no dependency between theta and v is
+lost that the nominal computation would exploit). The result is widened for the rounding
+of the nominal dtype (each term sees at most 8 roundings) and of float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agt.config import TrainConfig
+from agt.interval import FloatModel, Interval
+
+_N_OPS = 8
+
+
+def round_to(value: float, dtype: torch.dtype) -> float:
+    """The value the nominal computation actually uses for a Python constant."""
+    return float(torch.tensor(value, dtype=dtype).item())
+
+
+@dataclass(frozen=True)
+class UpdateRule:
+    optimizer: str
+    l2: float
+    momentum: float
+    damp1: float          # 1 - dampening, rounded
+    nesterov: bool
+
+    @staticmethod
+    def from_config(cfg: TrainConfig, dtype: torch.dtype) -> "UpdateRule":
+        return UpdateRule(cfg.optimizer, round_to(cfg.l2_reg, dtype), round_to(cfg.momentum, dtype),
+                          round_to(1.0 - cfg.dampening, dtype), cfg.nesterov)
+
+    # -- nominal --------------------------------------------------------------------------
+    def nominal(self, theta: torch.Tensor, buf: torch.Tensor | None, d: torch.Tensor,
+                lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        g = d + self.l2 * theta if self.l2 != 0.0 else d
+        if self.optimizer == "sgd":
+            return theta - lr * g, None
+        if buf is None:
+            buf = g.clone()
+        else:
+            buf = buf * self.momentum + g * self.damp1
+        direction = g + self.momentum * buf if self.nesterov else buf
+        return theta - lr * direction, buf
+
+    # -- interval -------------------------------------------------------------------------
+    def coefficients(self, lr: float, first_step: bool) -> tuple[dict, dict | None]:
+        """Affine coefficients {theta, v, d} of theta' and (for sgdm) v'."""
+        lam, mu = self.l2, self.momentum
+        if self.optimizer == "sgd":
+            return {"theta": 1.0 - lr * lam, "d": -lr}, None
+        if first_step:
+            v_new = {"theta": lam, "d": 1.0}
+            c = 1.0 + mu if self.nesterov else 1.0
+            return {"theta": 1.0 - lr * c * lam, "d": -lr * c}, v_new
+        v_new = {"theta": self.damp1 * lam, "d": self.damp1, "v": mu}
+        if self.nesterov:
+            c = 1.0 + mu * self.damp1
+            theta_new = {"theta": 1.0 - lr * c * lam, "d": -lr * c, "v": -lr * mu * mu}
+        else:
+            theta_new = {"theta": 1.0 - lr * self.damp1 * lam, "d": -lr * self.damp1,
+                         "v": -lr * mu}
+        return theta_new, v_new
+
+    def bounds(self, theta: Interval, v: Interval | None, d: Interval, lr: float,
+               first_step: bool, fm: FloatModel) -> tuple[Interval, Interval | None]:
+        coef_theta, coef_v = self.coefficients(lr, first_step)
+        boxes = {"theta": theta, "v": v, "d": d}
+        new_theta = affine(coef_theta, boxes, fm)
+        new_v = affine(coef_v, boxes, fm) if coef_v is not None else None
+        return new_theta, new_v
+
+
+def affine(coefs: dict[str, float], boxes: dict[str, Interval | None], fm: FloatModel) -> Interval:
+    """Range of sum_i c_i X_i over independent boxes X_i, widened for rounding."""
+    lo = hi = mag = None
+    for name, c in coefs.items():
+        if c == 0.0:
+            continue
+        box = boxes[name]
+        if box is None:
+            raise RuntimeError(f"internal: missing box '{name}' in affine update")
+        t_lo, t_hi = (c * box.lo, c * box.hi) if c >= 0 else (c * box.hi, c * box.lo)
+        t_mag = abs(c) * box.magnitude()
+        lo = t_lo if lo is None else lo + t_lo
+        hi = t_hi if hi is None else hi + t_hi
+        mag = t_mag if mag is None else mag + t_mag
+    if lo is None:
+        ref = next(b for b in boxes.values() if b is not None)
+        zero = torch.zeros_like(ref.lo)
+        return Interval(zero, zero)
+    return fm.widen(lo, hi, mag, _N_OPS)

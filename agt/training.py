@@ -1,0 +1,345 @@
+"""The AGT training loop (paper Algorithm 1 with the privacy rule of Thm 4.6).
+
+One pass trains the nominal model and, for every k of the grid, interval bounds on the
+parameters any dataset within distance k could produce. The k values share the nominal
+trajectory, the data pipeline and (while their boxes coincide, i.e. at the first step) the
+interval pass itself; afterwards the boxes of a group of k values are stacked and bounded
+in one vectorised pass.
+
+Nominal training rule (what the bundle's nominal parameters are; anyone can re-run it):
+per-sample gradients of the loss (agt/bounded), clamped elementwise to [-gamma, gamma],
+summed in float64 and divided by the batch size, rounded once to the training dtype;
+update by agt/optim.py with lr_t = max(lr / (1 + lr_decay t), lr_min); batches: epoch e
+uses the permutation ``torch.randperm(n, generator=seed + e)`` cut into consecutive
+batches of ``batch_size`` (the last one may be smaller); ``batch_size >= n`` means full
+batch. The order each epoch used is stored in the bundle (``/order``).
+
+Neighbouring relations certified: batches are a function of the record index, so replacing
+up to k records keeps every batch slot (``replace-one``). With full-batch training the
+divisor is the actual dataset size and the top-k rule also covers removing up to k and
+adding up to k records (agt/topk.py), so full-batch bundles certify ``add-remove`` too.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from agt.bounded.losses import check_logits
+from agt.bounded.network import Network
+from agt.config import TrainConfig
+from agt.data import Dataset, validate_dataset
+from agt.errors import ConfigError, DataError, SoundnessError
+from agt.interval import BOUND_DTYPE, FloatModel, Interval
+from agt.models import ModelSpec, infer_shapes, init_params
+from agt.optim import UpdateRule, round_to
+from agt.topk import DescentAccumulator
+
+# Memory budgets (elements of float64 temporaries per chunk; bytes of top-k buffers).
+WORK_ELEMENTS = 1 << 22
+BUFFER_BYTES = 768 << 20
+
+REPLACE = "replace-one"
+ADD_REMOVE = "add-remove"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but no CUDA device is available; use auto or cpu")
+    return torch.device(name)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "float64": torch.float64}[name]
+
+
+def _strict_float_math() -> None:
+    # TF32 would change the nominal rounding model (10-bit mantissa products).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+
+@dataclass
+class TrainResult:
+    config: TrainConfig
+    spec: ModelSpec
+    k_values: tuple[int, ...]
+    init: dict[str, torch.Tensor]
+    nominal: dict[str, torch.Tensor]
+    lower: dict[str, torch.Tensor] | None          # name -> (K, *shape) float64
+    upper: dict[str, torch.Tensor] | None
+    order: np.ndarray                              # (epochs, n) record indices
+    relations: tuple[str, ...]
+    dataset_sha256: str
+    n_train: int
+    seconds: float
+    extra: dict = field(default_factory=dict)
+
+
+def epoch_orders(n: int, n_epochs: int, seed: int) -> np.ndarray:
+    orders = np.empty((n_epochs, n), dtype=np.int64)
+    for e in range(n_epochs):
+        gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + e)
+        orders[e] = torch.randperm(n, generator=gen).numpy()
+    return orders
+
+
+def _batches(order: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def load_pretrained(path: str | Path, spec: ModelSpec, params: dict[str, torch.Tensor]) -> dict:
+    """Overwrite initial parameters with those of a state dict (.pt or .npz)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"pretrained file not found: {path}")
+    if path.suffix == ".npz":
+        with np.load(path) as f:
+            state = {k: torch.as_tensor(f[k]) for k in f.files}
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    out = dict(params)
+    for name, value in state.items():
+        if name not in params:
+            raise ConfigError(f"pretrained parameter '{name}' does not exist in the model; "
+                              f"model parameters: {sorted(params)}")
+        if tuple(value.shape) != tuple(params[name].shape):
+            raise ConfigError(f"pretrained parameter '{name}' has shape {tuple(value.shape)}, "
+                              f"the model needs {tuple(params[name].shape)}")
+        out[name] = value.to(params[name].dtype).clone()
+    return out
+
+
+class _Trainer:
+    def __init__(self, cfg: TrainConfig, ds: Dataset, device: torch.device):
+        self.cfg = cfg
+        self.device = device
+        self.dtype = torch_dtype(cfg.dtype)
+        self.fm = FloatModel(self.dtype)
+        self.spec = cfg.model.with_input_shape(ds.feature_shape)
+        check_logits(cfg.loss, self.spec.n_logits)
+        n_labels = 2 if cfg.loss == "binary_cross_entropy" else self.spec.n_logits
+        if ds.y_train.max(initial=0) >= n_labels:
+            raise DataError(f"labels go up to {int(ds.y_train.max())} but the model/loss "
+                            f"supports {n_labels} classes")
+        self.n = ds.n_train
+        self.full_batch = cfg.batch_size >= self.n
+        self.batch_size = min(cfg.batch_size, self.n)
+        k_max = max(cfg.k_values)
+        if k_max >= self.batch_size:
+            raise ConfigError(f"k value {k_max} must be smaller than the batch size "
+                              f"{self.batch_size}; lower k_values or raise batch_size")
+        self.gamma = cfg.clip_gamma
+        self.rule = UpdateRule.from_config(cfg, self.dtype)
+        params = init_params(self.spec, cfg.seed, self.dtype)
+        if cfg.pretrained:
+            params = load_pretrained(cfg.pretrained, self.spec, params)
+        self.init = {k: v.to(device) for k, v in params.items()}
+        self.trainable = self.spec.trainable_param_names()
+        self.net = Network.trainable(self.spec)
+        self.prefix = Network.prefix(self.spec)
+        x = torch.as_tensor(ds.x_train, dtype=self.dtype, device=device)
+        self.y = torch.as_tensor(ds.y_train, dtype=torch.int64, device=device)
+        self.x_nominal, self.x_bounds = self._features(x)
+
+    def _features(self, x: torch.Tensor):
+        """Inputs of the trainable part: nominal (dtype) and for the bound pass an exact
+        float64 tensor, or, behind a frozen prefix, a rounding-widened Interval (1, n, ...)
+        that holds whatever the float prefix returns for a record in any batch layout."""
+        if not self.prefix.layers:
+            return x, x.to(BOUND_DTYPE)
+        frozen = {k: v for k, v in self.init.items() if k not in self.trainable}
+        exact_boxes = {k: Interval.exact(v.unsqueeze(0)) for k, v in frozen.items()}
+        nom, lo, hi = [], [], []
+        step = max(1, self.cfg.fragment_size)
+        with torch.no_grad():
+            for i in range(0, x.shape[0], step):
+                xs = x[i:i + step]
+                nom.append(self.prefix.forward_nominal(frozen, xs)[0])
+                box, _ = self.prefix.forward_bounds(exact_boxes, xs.to(BOUND_DTYPE), self.fm)
+                lo.append(box.lo[0])
+                hi.append(box.hi[0])
+        return torch.cat(nom), Interval(torch.cat(lo)[None], torch.cat(hi)[None])
+
+    def _bound_inputs(self, idx: torch.Tensor):
+        xb = self.x_bounds
+        if isinstance(xb, Interval):
+            return Interval(xb.lo[:, idx], xb.hi[:, idx])
+        return xb[idx]
+
+    # -- nominal ---------------------------------------------------------------------------
+    def nominal_direction(self, theta: dict, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        sums = {n: torch.zeros(theta[n].numel(), dtype=torch.float64, device=self.device)
+                for n in self.trainable}
+        frag = self.cfg.fragment_size
+        for f0 in range(0, len(idx), frag):
+            fidx = idx[f0:f0 + frag]
+            sources = self.net.grads_nominal(theta, self.x_nominal[fidx], self.y[fidx], self.cfg.loss)
+            for name, src in sources.items():
+                for r0, r1 in self._row_chunks(src, len(fidx), 1):
+                    g = src.fn(r0, r1).clamp(-self.gamma, self.gamma)
+                    sums[name][r0 * src.row_size:r1 * src.row_size] += g.sum(0, dtype=torch.float64)
+        b = len(idx)
+        return {n: (s / b).to(self.dtype).reshape(theta[n].shape) for n, s in sums.items()}
+
+    @staticmethod
+    def _row_chunks(src, n_samples: int, n_groups: int):
+        per_row = max(1, n_samples * n_groups * src.row_size)
+        rows = max(1, WORK_ELEMENTS // per_row)
+        for r0 in range(0, src.n_rows, rows):
+            yield r0, min(src.n_rows, r0 + rows)
+
+    # -- bounds ----------------------------------------------------------------------------
+    def descent_bounds(self, boxes: dict[str, Interval], k_values: torch.Tensor,
+                       idx: torch.Tensor, shared: bool) -> dict[str, Interval]:
+        """Interval of the clamped mean gradient for every box (K, ...), batch ``idx``.
+
+        ``shared``: all K boxes are identical; one interval pass serves every k."""
+        K = k_values.shape[0]
+        if shared:
+            one = {n: box[:1] for n, box in boxes.items()}
+            group = torch.zeros(K, dtype=torch.int64)
+            return self._group_pass(one, k_values, idx, group_index=group,
+                                    k_buffer=int(k_values.max()))
+        out: dict[str, list[Interval]] = {n: [] for n in boxes}
+        for g0, g1 in self._groups(k_values, len(idx)):
+            sub = {n: box[g0:g1] for n, box in boxes.items()}
+            res = self._group_pass(sub, k_values[g0:g1], idx, group_index=None,
+                                   k_buffer=int(k_values[g1 - 1]))
+            for n in boxes:
+                out[n].append(res[n])
+        return {n: Interval(torch.cat([r.lo for r in parts]), torch.cat([r.hi for r in parts]))
+                for n, parts in out.items()}
+
+    def _groups(self, k_values: torch.Tensor, batch: int):
+        """Consecutive groups of k values sized to the memory budgets."""
+        frag = min(batch, self.cfg.fragment_size)
+        shapes = infer_shapes(self.net.layers, tuple(self.x_nominal.shape[1:]))
+        act = sum(math.prod(s) for s in shapes)
+        p_total = sum(self.init[n].numel() for n in self.trainable)
+        K = k_values.shape[0]
+        g0 = 0
+        while g0 < K:
+            g1 = g0 + 1
+            while g1 < K:
+                kmax = int(k_values[g1])
+                size = g1 + 1 - g0
+                if size * frag * act * 8 > WORK_ELEMENTS * 4 or \
+                        size * p_total * kmax * 8 > BUFFER_BYTES:
+                    break
+                g1 += 1
+            yield g0, g1
+            g0 = g1
+
+    def _group_pass(self, boxes, k_values, idx, group_index, k_buffer):
+        G = next(iter(boxes.values())).shape[0]
+        accs = {n: DescentAccumulator(G, self.init[n].numel(), k_buffer, self.gamma, self.device)
+                for n in self.trainable}
+        frag = self.cfg.fragment_size
+        for f0 in range(0, len(idx), frag):
+            fidx = idx[f0:f0 + frag]
+            sources = self.net.grads_bounds(boxes, self._bound_inputs(fidx), self.y[fidx],
+                                            self.cfg.loss, self.fm)
+            for name, src in sources.items():
+                for r0, r1 in self._row_chunks(src, len(fidx), G):
+                    accs[name].add(r0 * src.row_size, r1 * src.row_size, src.fn(r0, r1))
+            for acc in accs.values():
+                acc.samples_seen(len(fidx))
+        out = {}
+        for name, acc in accs.items():
+            res = acc.bounds(k_values, self.fm, group_index)
+            shape = self.init[name].shape
+            out[name] = res.map(lambda t: t.reshape(t.shape[0], *shape))
+        return out
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self, with_bounds: bool, progress: bool, ds_sha: str,
+            step_callback: Callable | None = None) -> TrainResult:
+        t_start = time.perf_counter()
+        cfg = self.cfg
+        k_list = tuple(cfg.k_values) if with_bounds else (0,)
+        k_tensor = torch.tensor(k_list, dtype=torch.int64, device=self.device)
+        K = len(k_list)
+        theta = {n: self.init[n].clone() for n in self.trainable}
+        buf: dict[str, torch.Tensor | None] = {n: None for n in self.trainable}
+        boxes = vboxes = None
+        if with_bounds:
+            boxes = {n: Interval.exact(theta[n].unsqueeze(0).expand(K, *theta[n].shape).clone())
+                     for n in self.trainable}
+            vboxes = {n: None for n in self.trainable}
+        orders = epoch_orders(self.n, cfg.n_epochs, cfg.seed)
+        plan = [(e, b) for e in range(cfg.n_epochs) for b in _batches(orders[e], self.batch_size)]
+        bar = tqdm(plan, desc=f"AGT train (K={K})" if with_bounds else "train",
+                   unit="step", disable=not progress, leave=False)
+        for step, (epoch, batch) in enumerate(bar):
+            idx = torch.as_tensor(batch, device=self.device)
+            lr = round_to(cfg.learning_rate_at(step), self.dtype)
+            direction = self.nominal_direction(theta, idx)
+            if with_bounds:
+                d_boxes = self.descent_bounds(boxes, k_tensor, idx, shared=(step == 0))
+                new_boxes, new_v = {}, {}
+                for n in self.trainable:
+                    new_boxes[n], new_v[n] = self.rule.bounds(boxes[n], vboxes[n], d_boxes[n],
+                                                              lr, step == 0, self.fm)
+                boxes = {n: _monotone_in_k(b) for n, b in new_boxes.items()}
+                vboxes = {n: (_monotone_in_k(v) if v is not None else None) for n, v in new_v.items()}
+            for n in self.trainable:
+                theta[n], buf[n] = self.rule.nominal(theta[n], buf[n], direction[n], lr)
+            if with_bounds:
+                _check_contains(boxes, theta, step)
+            if step_callback is not None:
+                step_callback(step, theta, boxes)
+        bar.close()
+        nominal = {k: v.clone() for k, v in self.init.items()}
+        nominal.update(theta)
+        lower = upper = None
+        if with_bounds:
+            lower, upper = {}, {}
+            for name, value in nominal.items():
+                if name in boxes:
+                    lower[name], upper[name] = boxes[name].lo, boxes[name].hi
+                else:  # frozen: exact
+                    v = value.to(BOUND_DTYPE).unsqueeze(0).expand(K, *value.shape)
+                    lower[name], upper[name] = v.clone(), v.clone()
+        relations = (REPLACE, ADD_REMOVE) if self.full_batch else (REPLACE,)
+        return TrainResult(cfg, self.spec, k_list, self.init, nominal, lower, upper, orders,
+                           relations, ds_sha, self.n, time.perf_counter() - t_start)
+
+
+def _monotone_in_k(box: Interval) -> Interval:
+    """Make boxes nested in k (box(k) inside box(k+1)): a sound widening, exact in exact
+    arithmetic where the top-k rule is already monotone; removes rounding artefacts."""
+    return Interval(torch.cummin(box.lo, dim=0).values, torch.cummax(box.hi, dim=0).values)
+
+
+def _check_contains(boxes: dict[str, Interval], theta: dict[str, torch.Tensor], step: int) -> None:
+    for name, box in boxes.items():
+        inside = box.contains(theta[name].unsqueeze(0))
+        if not bool(inside.all()):
+            raise SoundnessError(f"internal soundness check failed at step {step}: nominal "
+                                 f"'{name}' left its k-box; refusing to write certificates")
+
+
+def train(cfg: TrainConfig, ds: Dataset, *, with_bounds: bool = True, progress: bool = False,
+          step_callback: Callable | None = None) -> TrainResult:
+    """Run AGT (nominal training + bounds for every k of ``cfg.k_values``)."""
+    validate_dataset(ds)
+    _strict_float_math()
+    device = resolve_device(cfg.device)
+    trainer = _Trainer(cfg, ds, device)
+    return trainer.run(with_bounds, progress, ds.sha256(), step_callback)
+
+
+def train_nominal(cfg: TrainConfig, ds: Dataset) -> dict[str, torch.Tensor]:
+    """Nominal parameters only (the same code path as the AGT run's nominal)."""
+    return train(cfg, ds, with_bounds=False).nominal
