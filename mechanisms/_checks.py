@@ -86,8 +86,9 @@ def radius_array(radii: ArrayLike, problems: Problems, name: str = "radii"
         if (arr > 2.0**53).any():
             problems.data.append(f"{name} must be at most 2**53, got {arr.max()!r}")
             return None
-    if (arr < 0).any():
-        problems.data.append(
-            f"{name} must be >= 0; {int((arr < 0).sum())} entries are negative (e.g. {arr.min()!r})")
+    negative = arr < 0
+    if negative.any():
+        problems.data.append(f"{name} must be >= 0; {int(negative.sum())} entries are negative "
+                             f"(e.g. {arr.min()!r})")
         return None
     return arr.astype(np.int64)

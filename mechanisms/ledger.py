@@ -169,7 +169,11 @@ class Ledger:
         problems.raise_if_any()
         if accountant is not None or delta_prime is not None:
             Accountant(accountant or "best", delta_prime)  # validates both
-        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+        try:
+            conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise PrivacyError(f"cannot open the privacy ledger {path} ({exc}); give a path "
+                               "in an existing, writable directory") from exc
         try:
             _set_wal(conn, timeout)
             conn.execute("PRAGMA synchronous = FULL")
@@ -187,7 +191,8 @@ class Ledger:
                                          delta_prime)
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
         except sqlite3.DatabaseError as exc:
             conn.close()

@@ -28,8 +28,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from mechanisms._checks import Problems, binary_array, check_delta, check_epsilon, radius_array
 from mechanisms.guarantee import Guarantee, check_relation
-from mechanisms.noise import NOISE_KINDS, NoiseKind, flip_probability, make_generator, \
-    threshold_release
+from mechanisms.noise import (NOISE_KINDS, NoiseKind, flip_probability, make_generator,
+                              threshold_release)
 
 # Noise scale = SCALE_FACTOR * S / eps (NRS: S / alpha with alpha = eps/2 resp. eps/6).
 _SCALE_FACTOR = {"laplace": 2.0, "cauchy": 6.0}
@@ -98,7 +98,8 @@ def smooth_guarantee(epsilon: float, delta: float | None, noise: NoiseKind, rela
         epsilon=float(epsilon), delta=delta_value, relation=relation,
         mechanism=mechanism_name(noise),
         note=f"smooth sensitivity S=exp(-beta r), beta={beta!r}, {noise} noise of scale "
-             f"{_SCALE_FACTOR[noise]:g} S / eps per query (AGT Cor 5.2; Nissim-Raskhodnikova-Smith)")
+             f"{_SCALE_FACTOR[noise]:g} S / eps per query "
+             "(AGT Cor 5.2; Nissim-Raskhodnikova-Smith)")
 
 
 def release_smooth(predictions: ArrayLike, radii: ArrayLike, epsilon: float,

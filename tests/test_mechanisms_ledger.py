@@ -45,7 +45,8 @@ def test_refuses_exactly_at_the_budget(tmp_path):
     calls = []
     with Ledger.open(tmp_path / "l.db", 1.0, 0.0, accountant="standard") as ledger:
         for i in range(4):
-            assert ledger.spend([Spend(0.25, mechanism="gs")], lambda i=i: calls.append(i) or i) == i
+            answer = ledger.spend([Spend(0.25, mechanism="gs")], lambda i=i: calls.append(i) or i)
+            assert answer == i
         assert ledger.spent().epsilon == 1.0 and ledger.remaining() == (0.0, 0.0)
         assert not ledger.can_spend([(0.25, 0.0)])
         with pytest.raises(BudgetExceededError, match="over the budget"):
@@ -137,6 +138,8 @@ def test_other_bad_openings(tmp_path):
         Ledger.open(tmp_path / "b.db", 1.0, 0.0, accountant="advanced")
     with pytest.raises(PrivacyError, match="delta_prime"):
         Ledger.open(tmp_path / "c.db", 1.0, 1e-6, delta_prime=1e-5)
+    with pytest.raises(PrivacyError, match="cannot open"):
+        Ledger.open(tmp_path / "missing-dir" / "l.db", 1.0, 0.0)
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not a database" * 100)
     with pytest.raises(PrivacyError, match="not a usable privacy ledger"):
@@ -224,7 +227,7 @@ def test_killed_after_commit_keeps_the_spend(tmp_path):
     proc = python(KILLED_AFTER_COMMIT, str(path), str(marker))
     wait_for(marker)
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
+    proc.communicate(timeout=10)
     assert_consistent(path)
     with Ledger.open(path) as ledger:
         assert ledger.spent().epsilon == 0.25
@@ -239,7 +242,7 @@ def test_killed_mid_transaction_leaves_no_trace(tmp_path):
     proc = python(KILLED_MID_TRANSACTION, str(path), str(marker), "60")
     wait_for(marker)
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
+    proc.communicate(timeout=10)
     assert_consistent(path)
     with Ledger.open(path) as ledger:
         assert ledger.releases() == []
@@ -256,4 +259,4 @@ def test_a_spend_waits_for_another_process_holding_the_lock(tmp_path):
         ledger.spend([(1.0, 0.0)], lambda: None)
         assert time.monotonic() - start > 0.3  # waited for the lock instead of failing
         assert [r.note for r in ledger.releases()] == [""]
-    proc.wait(timeout=10)
+    proc.communicate(timeout=10)

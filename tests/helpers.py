@@ -1,0 +1,67 @@
+"""Shared test utilities: tiny datasets and configs, perturbations, containment checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from agt.bounded.network import Network
+from agt.config import config_from_dict
+from agt.data import Dataset, load_dataset
+
+LOGISTIC = [{"linear": {"in": 6, "out": 1}}]
+LOGISTIC_CE = [{"linear": {"in": 6, "out": 2}}]
+MLP = [{"linear": {"in": 6, "out": 12}}, {"relu": {}}, {"linear": {"in": 12, "out": 2}}]
+MLP_BCE = [{"linear": {"in": 6, "out": 10}}, {"relu": {}}, {"linear": {"in": 10, "out": 1}}]
+CONV = [{"conv2d": {"in": 1, "out": 3, "kernel": 3, "stride": 1}}, {"relu": {}}, {"flatten": {}},
+        {"linear": {"in": 3 * 4 * 4, "out": 2}}]
+
+
+def blobs(n: int, seed: int = 0, variant: str = "overlapping") -> Dataset:
+    return load_dataset("blobs", {"n_samples": int(n / 0.8) + 1, "seed": seed, "variant": variant})
+
+
+def images(n: int, seed: int = 0) -> Dataset:
+    """6x6 single-channel images whose class is the sign of a fixed pattern correlation."""
+    rng = np.random.default_rng(seed)
+    pattern = rng.normal(size=(1, 6, 6))
+    x = rng.normal(size=(n + 50, 1, 6, 6)) * 0.5
+    y = ((x * pattern).sum(axis=(1, 2, 3)) > 0).astype(np.int64)
+    return Dataset("images", x[:n], y[:n], x[n:], y[n:], 2)
+
+
+def config(model, loss="cross_entropy", **kw):
+    base = dict(model=model, loss=loss, data={"name": "blobs"}, learning_rate=0.5,
+                lr_decay=0.1, clip_gamma=0.5, n_epochs=2, batch_size=10_000, k_values=[0, 1, 2, 4, 8],
+                dtype="float64", device="cpu")
+    base.update(kw)
+    return config_from_dict(base)
+
+
+def with_train(ds: Dataset, x: np.ndarray, y: np.ndarray) -> Dataset:
+    return Dataset(ds.name, np.ascontiguousarray(x), np.ascontiguousarray(y, dtype=np.int64),
+                   ds.x_test, ds.y_test, ds.n_classes, dict(ds.meta))
+
+
+def logits(spec, params, x, dtype) -> torch.Tensor:
+    net = Network(spec.layers, 0)
+    with torch.no_grad():
+        z, _ = net.forward_nominal({k: v.to(dtype) for k, v in params.items()},
+                                   torch.as_tensor(x, dtype=dtype))
+    return z
+
+
+def classes(z: torch.Tensor) -> np.ndarray:
+    if z.shape[-1] == 1:
+        return (z[:, 0] > 0).long().numpy()
+    return z.argmax(-1).numpy()
+
+
+def inside(params: dict, lower: dict, upper: dict, j: int) -> tuple[bool, str]:
+    for name, value in params.items():
+        v = value.to(torch.float64)
+        lo, hi = lower[name][j], upper[name][j]
+        if not bool(((lo <= v) & (v <= hi)).all()):
+            gap = float(torch.maximum(lo - v, v - hi).max())
+            return False, f"{name} outside k-box index {j} by {gap:.3e}"
+    return True, ""

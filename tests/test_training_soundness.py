@@ -1,0 +1,247 @@
+"""Soundness of the AGT core: try to break the certificates.
+
+Each trial builds a dataset D' at distance <= k from D (random replacements, adversarial
+replacements that push clamped gradients to +-gamma, label flips, and for full-batch
+training additions and removals), retrains nominally on D' with the same code path as the
+served model, and asserts that the retrained parameters lie inside the k-box of D and that
+no test prediction certified at k changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agt.certify import Certifier
+from agt.store import from_result
+from agt.topk import DescentAccumulator
+from agt.interval import FloatModel, Interval
+from agt.training import ADD_REMOVE, REPLACE, train, train_nominal
+import agt.training as training_mod
+
+from tests.helpers import (CONV, LOGISTIC, LOGISTIC_CE, MLP, MLP_BCE, blobs, classes, config,
+                           images, inside, logits, with_train)
+
+
+def perturb(ds, kind: str, m: int, rng: np.random.Generator, scale: float = 6.0):
+    """A dataset at distance m from ds (replace-one for replace kinds; add-remove otherwise)."""
+    x, y = ds.x_train.copy(), ds.y_train.copy()
+    n = len(y)
+    idx = rng.choice(n, size=m, replace=False)
+    if kind == "random":
+        donors = rng.choice(n, size=m)
+        x[idx] = x[donors] + rng.normal(scale=0.5, size=x[idx].shape)
+        y[idx] = rng.integers(0, int(y.max()) + 1, size=m)
+    elif kind == "adversarial":
+        # far-away points with the wrong label: per-sample gradients saturate at +-gamma
+        sign = rng.choice([-1.0, 1.0], size=(m,) + (1,) * (x.ndim - 1))
+        x[idx] = sign * scale * np.abs(rng.normal(size=x[idx].shape) + 1.0)
+        y[idx] = 1 - y[idx] if y.max() <= 1 else rng.integers(0, int(y.max()) + 1, m)
+    elif kind == "flip":
+        y[idx] = 1 - y[idx] if y.max() <= 1 else (y[idx] + 1) % (y.max() + 1)
+    elif kind == "remove":
+        keep = np.setdiff1d(np.arange(n), idx)
+        return with_train(ds, x[keep], y[keep])
+    elif kind == "add":
+        donors = rng.choice(n, size=m)
+        extra_x = x[donors] * rng.choice([-3.0, 3.0], size=(m,) + (1,) * (x.ndim - 1))
+        extra_y = rng.integers(0, int(y.max()) + 1, size=m)
+        return with_train(ds, np.concatenate([x, extra_x]), np.concatenate([y, extra_y]))
+    elif kind == "mixed":
+        r = m // 2
+        a = m - r
+        keep = np.setdiff1d(np.arange(n), idx[:r])
+        extra_x = scale * rng.normal(size=(a,) + x.shape[1:])
+        extra_y = rng.integers(0, int(y.max()) + 1, size=a)
+        return with_train(ds, np.concatenate([x[keep], extra_x]), np.concatenate([y[keep], extra_y]))
+    else:
+        raise ValueError(kind)
+    return with_train(ds, x, y)
+
+
+def falsify(cfg, ds, kinds, trials_per_k, seed=0):
+    """Train once with bounds, then retrain on perturbed datasets; returns #trials."""
+    res = train(cfg, ds)
+    bundle = from_result(res)
+    cert = Certifier(bundle).certify(ds.x_test)
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    rng = np.random.default_rng(seed)
+    n_trials = 0
+    for j, k in enumerate(res.k_values):
+        if k == 0:
+            continue
+        for t in range(trials_per_k):
+            kind = kinds[t % len(kinds)]
+            m = int(rng.integers(1, k + 1)) if t % 2 else k
+            ds2 = perturb(ds, kind, m, rng)
+            params = train_nominal(cfg, ds2)
+            ok, msg = inside(params, res.lower, res.upper, j)
+            assert ok, f"{kind} at distance {m} <= k={k}: {msg}"
+            pred2 = classes(logits(res.spec, params, ds.x_test, dtype))
+            certified = cert.max_certified_k >= k
+            changed = certified & (pred2 != cert.prediction)
+            assert not changed.any(), (f"{kind} at distance {m}: {int(changed.sum())} predictions "
+                                       f"certified at k={k} changed")
+            n_trials += 1
+    return n_trials
+
+
+FULL_KINDS = ["random", "adversarial", "flip", "remove", "add", "mixed"]
+REPLACE_KINDS = ["random", "adversarial", "flip"]
+
+
+@pytest.mark.parametrize("model,loss", [(LOGISTIC, "binary_cross_entropy"),
+                                         (LOGISTIC_CE, "cross_entropy"),
+                                         (MLP, "cross_entropy"),
+                                         (MLP_BCE, "binary_cross_entropy")])
+def test_falsify_full_batch(model, loss):
+    ds = blobs(300, seed=1)
+    cfg = config(model, loss, n_epochs=3, k_values=[0, 1, 2, 3, 5, 8, 13])
+    n = falsify(cfg, ds, FULL_KINDS, trials_per_k=8)
+    assert n >= 40
+
+
+@pytest.mark.parametrize("optimizer", [
+    dict(optimizer="sgd", l2_reg=0.05),
+    dict(optimizer="sgdm", momentum=0.9, dampening=0.3, l2_reg=0.02),
+    dict(optimizer="sgdm", momentum=0.8, nesterov=True, l2_reg=0.01),
+])
+def test_falsify_minibatch_optimizers(optimizer):
+    ds = blobs(240, seed=2)
+    cfg = config(MLP, "cross_entropy", batch_size=60, n_epochs=2, fragment_size=25,
+                 k_values=[0, 1, 2, 4], **optimizer)
+    res = train(cfg, ds)
+    assert res.relations == (REPLACE,)
+    n = falsify(cfg, ds, REPLACE_KINDS, trials_per_k=10, seed=3)
+    assert n >= 30
+
+
+def test_falsify_conv():
+    ds = images(160, seed=4)
+    cfg = config(CONV, "cross_entropy", n_epochs=2, learning_rate=0.3, k_values=[0, 1, 2, 4],
+                 fragment_size=50)
+    n = falsify(cfg, ds, ["random", "flip", "remove", "add"], trials_per_k=8, seed=5)
+    assert n >= 24
+
+
+def test_float32_large_batch_rounding_cannot_break_containment():
+    """float32 nominal training on >= 10^4 samples: the nominal and retrained float32 models
+    stay inside float64 bounds that account for rounding."""
+    ds = blobs(10_000, seed=6)
+    cfg = config(MLP_BCE, "binary_cross_entropy", n_epochs=2, dtype="float32",
+                 k_values=[0, 1, 3], fragment_size=4096)
+    n = falsify(cfg, ds, ["adversarial", "random", "remove", "add"], trials_per_k=3, seed=7)
+    assert n >= 6
+
+
+def test_k0_nominal_equals_plain_pytorch():
+    """An independent implementation of the nominal rule: nn.Sequential, torch.func
+    per-sample gradients, clamp, mean, torch.optim.SGD."""
+    ds = blobs(200, seed=8)
+    for opt in (dict(optimizer="sgd", l2_reg=0.01),
+                dict(optimizer="sgdm", momentum=0.9, dampening=0.2, l2_reg=0.01),
+                dict(optimizer="sgdm", momentum=0.9, nesterov=True)):
+        cfg = config(MLP, "cross_entropy", batch_size=64, n_epochs=2, lr_min=0.05, **opt)
+        ours = train(cfg, ds).nominal
+        theirs = plain_pytorch(cfg, ds)
+        for name in ours:
+            torch.testing.assert_close(ours[name], theirs[name], rtol=1e-10, atol=1e-12)
+
+
+def plain_pytorch(cfg, ds):
+    from agt.models import init_params
+    spec = cfg.model.with_input_shape(ds.feature_shape)
+    module = spec.build(torch.float64)
+    module.load_state_dict(init_params(spec, cfg.seed, torch.float64))
+    params = dict(module.named_parameters())
+    x = torch.as_tensor(ds.x_train)
+    y = torch.as_tensor(ds.y_train)
+
+    def loss_fn(p, xi, yi):
+        out = torch.func.functional_call(module, p, (xi[None],))
+        return torch.nn.functional.cross_entropy(out, yi[None])
+
+    per_sample = torch.func.vmap(torch.func.grad(loss_fn), in_dims=(None, 0, 0))
+    opt = torch.optim.SGD(module.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum,
+                          dampening=cfg.dampening, nesterov=cfg.nesterov,
+                          weight_decay=cfg.l2_reg)
+    n = len(y)
+    step = 0
+    for e in range(cfg.n_epochs):
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + e)
+        order = torch.randperm(n, generator=gen)
+        for i in range(0, n, cfg.batch_size):
+            idx = order[i:i + cfg.batch_size]
+            grads = per_sample({k: v.detach() for k, v in params.items()}, x[idx], y[idx])
+            for name, p in params.items():
+                p.grad = grads[name].clamp(-cfg.clip_gamma, cfg.clip_gamma).mean(0)
+            for group in opt.param_groups:
+                group["lr"] = max(cfg.learning_rate / (1 + cfg.lr_decay * step), cfg.lr_min)
+            opt.step()
+            step += 1
+    return {k: v.detach() for k, v in module.state_dict().items()}
+
+
+def test_fragmented_equals_unfragmented(monkeypatch):
+    ds = blobs(300, seed=9)
+    cfg = config(MLP, "cross_entropy", n_epochs=2, k_values=[0, 1, 3, 7])
+    whole = train(cfg, ds)
+    monkeypatch.setattr(training_mod, "WORK_ELEMENTS", 97)   # force row chunking too
+    parts = train(cfg.replace(fragment_size=37), ds)
+    for name in whole.nominal:
+        torch.testing.assert_close(whole.nominal[name], parts.nominal[name], rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(whole.lower[name], parts.lower[name], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(whole.upper[name], parts.upper[name], rtol=1e-9, atol=1e-12)
+
+
+def test_topk_rule_equals_naive_sort():
+    rng = np.random.default_rng(10)
+    gamma = 0.3
+    b, P, G = 53, 7, 3
+    lo = torch.as_tensor(rng.uniform(-0.5, 0.4, size=(G, b, P)))
+    hi = lo + torch.as_tensor(rng.uniform(0, 0.3, size=(G, b, P)))
+    ks = torch.tensor([0, 3, 11])
+    acc = DescentAccumulator(G, P, int(ks.max()), gamma, torch.device("cpu"))
+    for f0 in range(0, b, 10):
+        acc.add(0, P, Interval(lo[:, f0:f0 + 10], hi[:, f0:f0 + 10]))
+        acc.samples_seen(min(10, b - f0))
+    res = acc.bounds(ks, FloatModel(torch.float64))
+    gl, gu = lo.clamp(-gamma, gamma).numpy(), hi.clamp(-gamma, gamma).numpy()
+    for g, k in enumerate(ks.tolist()):
+        srt_lo = np.sort(gl[g], axis=0)            # ascending
+        srt_hi = np.sort(gu[g], axis=0)[::-1]      # descending
+        naive_lo = (srt_lo[:b - k].sum(0) - k * gamma) / b
+        naive_hi = (srt_hi[:b - k].sum(0) + k * gamma) / b
+        assert np.all(res.lo[g].numpy() <= naive_lo) and np.all(res.hi[g].numpy() >= naive_hi)
+        np.testing.assert_allclose(res.lo[g].numpy(), naive_lo, rtol=0, atol=1e-7)
+        np.testing.assert_allclose(res.hi[g].numpy(), naive_hi, rtol=0, atol=1e-7)
+
+
+def test_boxes_nested_in_k_and_in_dataset():
+    """box(D, k) inside box(D, k+1), and box(D', k-1) inside box(D, k) for a neighbour D'
+    (one record replaced): the inclusion that makes the smooth radius smooth."""
+    ds = blobs(300, seed=11)
+    cfg = config(MLP, "cross_entropy", n_epochs=2, k_values=list(range(8)))
+    res = train(cfg, ds)
+    rng = np.random.default_rng(12)
+    for name in res.lower:
+        assert bool((res.lower[name][1:] <= res.lower[name][:-1]).all())
+        assert bool((res.upper[name][1:] >= res.upper[name][:-1]).all())
+    for kind in ("random", "adversarial", "flip", "remove", "add"):
+        ds2 = perturb(ds, kind, 1, rng)
+        res2 = train(cfg, ds2)
+        for name in res.lower:
+            assert bool((res2.lower[name][:-1] >= res.lower[name][1:]).all()), (kind, name)
+            assert bool((res2.upper[name][:-1] <= res.upper[name][1:]).all()), (kind, name)
+
+
+def test_relations_recorded():
+    ds = blobs(200, seed=13)
+    full = train(config(LOGISTIC_CE), ds)
+    assert set(full.relations) == {REPLACE, ADD_REMOVE}
+    mini = train(config(LOGISTIC_CE, batch_size=50), ds)
+    assert mini.relations == (REPLACE,)
+    assert mini.order.shape == (2, len(ds.y_train))
+    for row in mini.order:
+        assert sorted(row.tolist()) == list(range(len(ds.y_train)))
