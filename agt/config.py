@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +30,13 @@ def parse_k_values(spec: Any) -> tuple[int, ...]:
     ``"0..10,20,50"``. Returns the sorted unique values; 0 is always included (the nominal
     model is the k = 0 member of every grid)."""
     values: list[int] = []
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        values = [spec]
+    if isinstance(spec, numbers.Integral) and not isinstance(spec, bool):
+        values = [int(spec)]
     elif isinstance(spec, (list, tuple)):
         for v in spec:
-            if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise ConfigError(f"k_values entries must be integers, got {v!r}")
-            values.append(v)
+            values.append(int(v))
     elif isinstance(spec, str):
         for part in spec.replace(" ", "").split(","):
             if not part:
@@ -54,6 +55,8 @@ def parse_k_values(spec: Any) -> tuple[int, ...]:
     else:
         raise ConfigError(f"k_values must be a list of integers or a string like '0..199', "
                           f"got {spec!r}")
+    if not values:
+        raise ConfigError("k_values is empty; give e.g. '0..199' or [0, 1, 2, 5]")
     if any(v < 0 for v in values):
         raise ConfigError("k_values must be non-negative")
     return tuple(sorted(set(values) | {0}))
@@ -124,6 +127,12 @@ _FIELDS = {f.name for f in dataclasses.fields(TrainConfig)} - {"raw"}
 def _number(raw: dict, key: str, default: float, *, low: float | None = None,
             high: float | None = None, low_open: bool = False) -> float:
     value = raw.get(key, default)
+    if isinstance(value, str):
+        # YAML 1.1 reads 1e-3 (no dot) as a string; accept plain numeric strings.
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(f"{key} must be a finite number, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{key} must be a finite number, got {value!r}")
     value = float(value)
@@ -204,7 +213,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a UTF-8 text file; is it a YAML config?") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

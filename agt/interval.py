@@ -228,3 +228,32 @@ def mask_product(x: Interval, mask: Interval) -> Interval:
     hi = torch.where(mask.lo > 0, x.hi, torch.where(mask.hi > 0, x.hi.clamp_min(0.0),
                                                     torch.zeros_like(x.hi)))
     return Interval(lo, hi)
+
+
+_F32_SHIFT = 2.0**-22
+_TINY32 = float(torch.finfo(torch.float32).tiny)
+
+
+def to_dtype_outward(x: Interval, dtype: torch.dtype) -> Interval:
+    """Cast bounds to ``dtype`` rounding outward (lower down, upper up).
+
+    float32: moving each end outward by 2^-22 of its magnitude (plus the smallest normal)
+    before a round-to-nearest cast (error <= 2^-24 relative) lands on the safe side. The map
+    is monotone, so orderings (top-k selections) are preserved."""
+    if dtype == BOUND_DTYPE or x.lo.dtype != BOUND_DTYPE:
+        return x
+    if dtype != torch.float32:
+        raise SoundnessError(f"unsupported compute dtype {dtype}")
+    lo = (x.lo - x.lo.abs() * _F32_SHIFT - _TINY32).to(dtype)
+    hi = (x.hi + x.hi.abs() * _F32_SHIFT + _TINY32).to(dtype)
+    return Interval(lo, hi)
+
+
+def product_factor(x: Interval, fm: FloatModel) -> Interval:
+    """Widen a factor relatively so that products with it, evaluated in the nominal dtype
+    (round to nearest), still bound the nominal products: the nominal rounding
+    fl(d a) = d (1 + e) a with |e| <= u is absorbed into d, and so is the rounding of the
+    bound computation itself (3u for both plus second-order terms, float64 slack). Underflow
+    is covered by the absolute term of the descent bound (agt/topk.py)."""
+    c = 3.0 * fm.unit_roundoff + 16 * _U64
+    return Interval(x.lo - x.lo.abs() * c, x.hi + x.hi.abs() * c)

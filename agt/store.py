@@ -131,6 +131,26 @@ def _attr(f, key: str):
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _str_attr(f, key: str) -> str:
+    value = _attr(f, key)
+    if not isinstance(value, str):
+        raise BundleError(f"{f.filename}: root attribute '{key}' must be a string")
+    return value
+
+
+def _int_attr(f, key: str) -> int:
+    value = _attr(f, key)
+    try:
+        if isinstance(value, (str, bytes)) or np.ndim(value) != 0:
+            raise TypeError
+        out = int(value)
+        if out != value:
+            raise TypeError
+        return out
+    except (TypeError, ValueError):
+        raise BundleError(f"{f.filename}: root attribute '{key}' must be an integer") from None
+
+
 def read_bundle(path: str | Path) -> Bundle:
     """Read and validate a bundle; raises BundleError with a one-line reason."""
     path = Path(path)
@@ -142,9 +162,11 @@ def read_bundle(path: str | Path) -> Bundle:
         raise BundleError(f"cannot read {path} as HDF5 ({exc.__class__.__name__}); is it an "
                           f"agt bounds bundle?") from None
     with f:
-        if _attr(f, "format") != FORMAT:
-            raise BundleError(f"{path}: format is {_attr(f, 'format')!r}, expected {FORMAT!r}")
-        version = int(_attr(f, "format_version"))
+        found = _attr(f, "format") if "format" in f.attrs else None
+        if not isinstance(found, str) or found != FORMAT:
+            raise BundleError(f"{path}: not an agt bounds bundle (root attribute format is "
+                              f"{found!r}, expected {FORMAT!r})")
+        version = _int_attr(f, "format_version")
         if version != FORMAT_VERSION:
             raise BundleError(f"{path}: format_version {version} is not supported "
                               f"(this agt reads version {FORMAT_VERSION})")
@@ -154,11 +176,18 @@ def read_bundle(path: str | Path) -> Bundle:
             relations = tuple(json.loads(_attr(f, "relations")))
         except (ValueError, KeyError, TypeError) as exc:
             raise BundleError(f"{path}: malformed model/config/relations attribute ({exc})") from None
-        k_values = tuple(int(k) for k in np.asarray(_attr(f, "k_values")).reshape(-1))
+        raw_k = np.asarray(_attr(f, "k_values"))
+        if raw_k.dtype.kind not in "iu":
+            raise BundleError(f"{path}: k_values must be an integer array")
+        k_values = tuple(int(k) for k in raw_k.reshape(-1))
+        dtype = _str_attr(f, "dtype")
+        if dtype not in ("float32", "float64"):
+            raise BundleError(f"{path}: dtype must be float32 or float64, got {dtype!r}")
+        n_train = _int_attr(f, "n_train")
         if not k_values or list(k_values) != sorted(set(k_values)) or k_values[0] != 0:
             raise BundleError(f"{path}: k_values must be unique, ascending and start at 0")
         for group in ("init", "nominal", "bounds"):
-            if group not in f:
+            if not isinstance(f.get(group), h5py.Group):
                 raise BundleError(f"{path}: missing group /{group}")
         expected = spec.param_shapes
         init = _read_params(f["init"], expected, f"{path}:/init")
@@ -166,20 +195,28 @@ def read_bundle(path: str | Path) -> Bundle:
         lower, upper = {n: [] for n in expected}, {n: [] for n in expected}
         for k in k_values:
             key = str(k)
-            if key not in f["bounds"]:
-                raise BundleError(f"{path}: missing /bounds/{key}")
-            lo = _read_params(f["bounds"][key].get("lower", {}), expected, f"{path}:/bounds/{key}/lower")
-            hi = _read_params(f["bounds"][key].get("upper", {}), expected, f"{path}:/bounds/{key}/upper")
+            kg = f["bounds"].get(key)
+            if not isinstance(kg, h5py.Group) or not isinstance(kg.get("lower"), h5py.Group) \
+                    or not isinstance(kg.get("upper"), h5py.Group):
+                raise BundleError(f"{path}: missing or malformed /bounds/{key} (needs groups "
+                                  f"lower and upper)")
+            lo = _read_params(kg["lower"], expected, f"{path}:/bounds/{key}/lower")
+            hi = _read_params(kg["upper"], expected, f"{path}:/bounds/{key}/upper")
             for n in expected:
                 lower[n].append(lo[n].to(torch.float64))
                 upper[n].append(hi[n].to(torch.float64))
         lower = {n: torch.stack(v) for n, v in lower.items()}
         upper = {n: torch.stack(v) for n, v in upper.items()}
-        order = np.asarray(f["order"]) if "order" in f else np.zeros((0, 0), dtype=np.int64)
+        if not isinstance(f.get("order"), h5py.Dataset):
+            raise BundleError(f"{path}: missing /order (the record order of each epoch)")
+        order = np.asarray(f["order"])
+        if order.ndim != 2 or order.shape[1] != n_train or order.dtype.kind not in "iu" or \
+                any(not np.array_equal(np.sort(row), np.arange(n_train)) for row in order):
+            raise BundleError(f"{path}: /order must be (epochs, n_train) with every row a "
+                              f"permutation of the record indices")
         bundle = Bundle(path, spec, config, k_values, init, nominal, lower, upper, order,
-                        relations, str(_attr(f, "dataset_sha256")), str(_attr(f, "dtype")),
-                        int(_attr(f, "n_train")), str(_attr(f, "created")),
-                        str(_attr(f, "agt_version")))
+                        relations, _str_attr(f, "dataset_sha256"), dtype, n_train,
+                        _str_attr(f, "created"), _str_attr(f, "agt_version"))
     validate_bundle(bundle)
     return bundle
 

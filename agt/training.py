@@ -43,7 +43,7 @@ from agt.optim import UpdateRule, round_to
 from agt.topk import DescentAccumulator
 
 # Memory budgets (elements of float64 temporaries per chunk; bytes of top-k buffers).
-WORK_ELEMENTS = 1 << 22
+WORK_ELEMENTS = 1 << 21
 BUFFER_BYTES = 768 << 20
 
 REPLACE = "replace-one"
@@ -243,7 +243,8 @@ class _Trainer:
 
     def _group_pass(self, boxes, k_values, idx, group_index, k_buffer):
         G = next(iter(boxes.values())).shape[0]
-        accs = {n: DescentAccumulator(G, self.init[n].numel(), k_buffer, self.gamma, self.device)
+        accs = {n: DescentAccumulator(G, self.init[n].numel(), k_buffer, self.gamma, self.device,
+                                      self.dtype)
                 for n in self.trainable}
         frag = self.cfg.fragment_size
         for f0 in range(0, len(idx), frag):
@@ -252,7 +253,7 @@ class _Trainer:
                                             self.cfg.loss, self.fm)
             for name, src in sources.items():
                 for r0, r1 in self._row_chunks(src, len(fidx), G):
-                    accs[name].add(r0 * src.row_size, r1 * src.row_size, src.fn(r0, r1))
+                    accs[name].add(r0 * src.row_size, r1 * src.row_size, src.samples_last(r0, r1))
             for acc in accs.values():
                 acc.samples_seen(len(fidx))
         out = {}

@@ -60,6 +60,42 @@ def perturb(ds, kind: str, m: int, rng: np.random.Generator, scale: float = 6.0)
     return with_train(ds, x, y)
 
 
+def targeted(cfg, ds, m: int, rng: np.random.Generator, add_remove: bool = False):
+    """Attack one random parameter coordinate in one direction: replace the m records whose
+    clamped gradient (at the initial parameters) pushes hardest the other way with crafted
+    points whose gradient saturates in the attacked direction. For one full-batch step from
+    a fixed init this attains the top-k bound exactly, so a bound that is too tight fails."""
+    from agt.bounded.network import Network
+    from agt.models import init_params
+    spec = cfg.model.with_input_shape(ds.feature_shape)
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    params = init_params(spec, cfg.seed, dtype)
+    net = Network.trainable(spec)
+    name = rng.choice(sorted(params))
+    coord = int(rng.integers(params[name].numel()))
+    direction = rng.choice([-1.0, 1.0])
+
+    def grads(x, y):
+        src = net.grads_nominal(params, torch.as_tensor(x, dtype=dtype), torch.as_tensor(y), cfg.loss)[name]
+        g = src.fn(0, src.n_rows)[:, coord]
+        return g.clamp(-cfg.clip_gamma, cfg.clip_gamma).double().numpy()
+
+    n_classes = max(2, int(ds.y_train.max()) + 1)
+    cand_x = np.concatenate([rng.normal(size=(300,) + ds.feature_shape) * s for s in (1, 4, 20)])
+    cand_y = rng.integers(0, n_classes, size=len(cand_x))
+    best = np.argsort(-direction * grads(cand_x, cand_y))[:m]
+    worst_own = np.argsort(direction * grads(ds.x_train, ds.y_train))[:m]
+    x, y = ds.x_train.copy(), ds.y_train.copy()
+    if add_remove:
+        r = m // 2
+        keep = np.setdiff1d(np.arange(len(y)), worst_own[:r])
+        return with_train(ds, np.concatenate([x[keep], cand_x[best[:m - r]]]),
+                          np.concatenate([y[keep], cand_y[best[:m - r]]]))
+    x[worst_own] = cand_x[best]
+    y[worst_own] = cand_y[best]
+    return with_train(ds, x, y)
+
+
 def falsify(cfg, ds, kinds, trials_per_k, seed=0):
     """Train once with bounds, then retrain on perturbed datasets; returns #trials."""
     res = train(cfg, ds)
@@ -74,7 +110,10 @@ def falsify(cfg, ds, kinds, trials_per_k, seed=0):
         for t in range(trials_per_k):
             kind = kinds[t % len(kinds)]
             m = int(rng.integers(1, k + 1)) if t % 2 else k
-            ds2 = perturb(ds, kind, m, rng)
+            if kind.startswith("targeted"):
+                ds2 = targeted(cfg, ds, m, rng, add_remove=(kind == "targeted-ar"))
+            else:
+                ds2 = perturb(ds, kind, m, rng)
             params = train_nominal(cfg, ds2)
             ok, msg = inside(params, res.lower, res.upper, j)
             assert ok, f"{kind} at distance {m} <= k={k}: {msg}"
@@ -87,8 +126,9 @@ def falsify(cfg, ds, kinds, trials_per_k, seed=0):
     return n_trials
 
 
-FULL_KINDS = ["random", "adversarial", "flip", "remove", "add", "mixed"]
-REPLACE_KINDS = ["random", "adversarial", "flip"]
+FULL_KINDS = ["random", "targeted", "adversarial", "flip", "remove", "targeted-ar", "add",
+              "mixed"]
+REPLACE_KINDS = ["random", "targeted", "adversarial", "flip"]
 
 
 @pytest.mark.parametrize("model,loss", [(LOGISTIC, "binary_cross_entropy"),
@@ -121,8 +161,29 @@ def test_falsify_conv():
     ds = images(160, seed=4)
     cfg = config(CONV, "cross_entropy", n_epochs=2, learning_rate=0.3, k_values=[0, 1, 2, 4],
                  fragment_size=50)
-    n = falsify(cfg, ds, ["random", "flip", "remove", "add"], trials_per_k=8, seed=5)
+    n = falsify(cfg, ds, ["random", "targeted", "flip", "remove", "add"], trials_per_k=10, seed=5)
     assert n >= 24
+
+
+def test_targeted_attack_reaches_the_one_step_bound():
+    """One full-batch step of logistic regression: the top-k bound is attained by the
+    targeted replacement, so the falsification tests could see a bound that is too tight."""
+    ds = blobs(400, seed=14)
+    cfg = config(LOGISTIC_CE, n_epochs=1, k_values=[0, 3, 10])
+    res = train(cfg, ds)
+    rng = np.random.default_rng(15)
+    reached = []
+    for _ in range(30):
+        ds2 = targeted(cfg, ds, 10, rng)
+        p = train_nominal(cfg, ds2)
+        for name in p:
+            lo, hi = res.lower[name][2], res.upper[name][2]
+            v = p[name].double()
+            assert bool(((lo <= v) & (v <= hi)).all())
+            nom = res.nominal[name].double()
+            frac = torch.maximum((v - nom) / (hi - nom), (nom - v) / (nom - lo))
+            reached.append(float(frac.nan_to_num(0).max()))
+    assert max(reached) > 0.9, f"attack reaches only {max(reached):.2f} of the bound"
 
 
 def test_float32_large_batch_rounding_cannot_break_containment():
@@ -131,7 +192,7 @@ def test_float32_large_batch_rounding_cannot_break_containment():
     ds = blobs(10_000, seed=6)
     cfg = config(MLP_BCE, "binary_cross_entropy", n_epochs=2, dtype="float32",
                  k_values=[0, 1, 3], fragment_size=4096)
-    n = falsify(cfg, ds, ["adversarial", "random", "remove", "add"], trials_per_k=3, seed=7)
+    n = falsify(cfg, ds, ["targeted", "adversarial", "remove", "add"], trials_per_k=4, seed=7)
     assert n >= 6
 
 
@@ -204,7 +265,7 @@ def test_topk_rule_equals_naive_sort():
     ks = torch.tensor([0, 3, 11])
     acc = DescentAccumulator(G, P, int(ks.max()), gamma, torch.device("cpu"))
     for f0 in range(0, b, 10):
-        acc.add(0, P, Interval(lo[:, f0:f0 + 10], hi[:, f0:f0 + 10]))
+        acc.add(0, P, Interval(lo[:, f0:f0 + 10].transpose(1, 2), hi[:, f0:f0 + 10].transpose(1, 2)))
         acc.samples_seen(min(10, b - f0))
     res = acc.bounds(ks, FloatModel(torch.float64))
     gl, gu = lo.clamp(-gamma, gamma).numpy(), hi.clamp(-gamma, gamma).numpy()

@@ -42,12 +42,25 @@ class GradSource:
     ``fn(start, stop)`` returns a tensor (nominal) or Interval (bounds) with trailing shape
     ``(b, (stop - start) * row_size)`` (bounds have a leading group dim); rows index the
     parameter's first dimension, so a row chunk is a contiguous slice of the flattened
-    parameter.
+    parameter. Bound sources also offer ``samples_last(start, stop)``: the same bounds laid
+    out ``(G, n, b)`` (what the top-k accumulator consumes) in the compute dtype.
     """
 
     n_rows: int
     row_size: int
     fn: Callable[[int, int], object]
+    samples_last_fn: Callable[[int, int], object] | None = None
+
+    @staticmethod
+    def bounds(n_rows: int, row_size: int, samples_last: Callable[[int, int], Interval]) -> "GradSource":
+        def fn(start, stop):
+            return samples_last(start, stop).map(lambda t: t.transpose(-1, -2))
+        return GradSource(n_rows, row_size, fn, samples_last)
+
+    def samples_last(self, start: int, stop: int) -> Interval:
+        if self.samples_last_fn is None:
+            raise RuntimeError("internal: samples_last is only defined for bound sources")
+        return self.samples_last_fn(start, stop)
 
 
 # ------------------------------------------------------------------------------------------
@@ -85,18 +98,38 @@ class LinearRule:
         grad_in = iv.matmul(delta, p["weight"], fm) if need_input_grad else None
         g, b, out_f = delta.shape
         in_f = p["weight"].shape[-1]
+        cdtype = fm.nominal_dtype
+        # Per-sample outer products delta_i a_i^T, laid out (G, rows, in, b) and computed in
+        # the nominal dtype: delta is widened so each rounded product stays a bound
+        # (iv.product_factor), exact inputs split into positive and negative parts make the
+        # four-corner rule two products per bound.
+        d_wide = iv.to_dtype_outward(iv.product_factor(delta, fm), cdtype)
+        d_lo = d_wide.lo.transpose(1, 2).unsqueeze(2)                    # (G, out, 1, b)
+        d_hi = d_wide.hi.transpose(1, 2).unsqueeze(2)
+        if isinstance(a, Interval):
+            a_c = iv.to_dtype_outward(a, cdtype)
+            a_lo = a_c.lo.transpose(-1, -2).unsqueeze(-3)                 # (G|1, 1, in, b)
+            a_hi = a_c.hi.transpose(-1, -2).unsqueeze(-3)
+        else:
+            a_t = a.to(cdtype).transpose(0, 1)                             # (in, b), exact
+            a_pos, a_neg = a_t.clamp_min(0.0), a_t.clamp_max(0.0)
 
         def weight(start, stop):
-            d = delta[:, :, start:stop].map(lambda t: t.unsqueeze(-1))     # (G, b, r, 1)
+            dl, dh = d_lo[:, start:stop], d_hi[:, start:stop]
             if isinstance(a, Interval):
-                prod = iv.mul(d, a.map(lambda t: t.unsqueeze(-2)), fm)     # (G, b, r, in)
+                p1, p2, p3, p4 = dl * a_lo, dl * a_hi, dh * a_lo, dh * a_hi
+                lo = torch.minimum(torch.minimum(p1, p2), torch.minimum(p3, p4))
+                hi = torch.maximum(torch.maximum(p1, p2), torch.maximum(p3, p4))
             else:
-                prod = iv.mul_exact(a.unsqueeze(-2), d, fm)                # (G, b, r, in)
-            return prod.map(lambda t: t.reshape(g, b, -1))
+                # exactly one of the two products is non-zero: no extra rounding
+                lo = (dl * a_pos).addcmul_(dh, a_neg)
+                hi = (dh * a_pos).addcmul_(dl, a_neg)
+            return Interval(lo.reshape(g, -1, b), hi.reshape(g, -1, b))
 
-        sources = {"weight": GradSource(out_f, in_f, weight)}
+        sources = {"weight": GradSource.bounds(out_f, in_f, weight)}
         if "bias" in p:
-            sources["bias"] = GradSource(out_f, 1, lambda s, e: delta[:, :, s:e])
+            bias_grad = iv.to_dtype_outward(delta, cdtype).map(lambda t: t.transpose(1, 2))
+            sources["bias"] = GradSource.bounds(out_f, 1, lambda s, e: bias_grad[:, s:e])
         return grad_in, sources
 
 
@@ -186,18 +219,24 @@ class Conv2dRule:
         exact_patches = not isinstance(patches, Interval)
         ckk = patches.shape[-2]
 
+        cdtype = fm.nominal_dtype
+
         def weight(start, stop):
             dd = d[:, :, start:stop, :]                                    # (G, b, r, L)
             if exact_patches:
                 prod = iv.matmul_exact_right(dd, patches.transpose(-1, -2), fm)
             else:
                 prod = iv.matmul(dd, patches.map(lambda t: t.transpose(-1, -2)), fm)
-            return prod.map(lambda t: t.reshape(g, b, -1))
+            prod = prod.map(lambda t: t.reshape(t.shape[0], b, -1).transpose(1, 2))
+            return iv.to_dtype_outward(prod, cdtype)                       # (G, n, b)
 
-        sources = {"weight": GradSource(layer.out_features, ckk, weight)}
+        def bias(start, stop):
+            summed = iv.sum_intervals(d[:, :, start:stop, :], -1, fm)      # (G, b, r)
+            return iv.to_dtype_outward(summed.map(lambda t: t.transpose(1, 2)), cdtype)
+
+        sources = {"weight": GradSource.bounds(layer.out_features, ckk, weight)}
         if "bias" in p:
-            sources["bias"] = GradSource(layer.out_features, 1,
-                                         lambda s, e: iv.sum_intervals(d[:, :, s:e, :], -1, fm))
+            sources["bias"] = GradSource.bounds(layer.out_features, 1, bias)
         return grad_in, sources
 
 

@@ -65,16 +65,20 @@ def loss_grad_bounds(loss: str, z: Interval, y: torch.Tensor, fm: FloatModel) ->
 
 
 def softmax_bounds(z: Interval) -> tuple[torch.Tensor, torch.Tensor]:
-    """Elementwise bounds on softmax over a logit box (see module docstring)."""
-    # Shift by a common constant per sample: softmax is shift invariant and exp stays <= 1.
-    shift = z.hi.max(dim=-1, keepdim=True).values
-    e_lo = torch.exp(z.lo - shift)
-    e_hi = torch.exp(z.hi - shift)
-    sum_lo = e_lo.sum(-1, keepdim=True)
-    sum_hi = e_hi.sum(-1, keepdim=True)
-    lower = e_lo / (e_lo + (sum_hi - e_hi))
-    upper = e_hi / (e_hi + (sum_lo - e_lo))
-    # Guard 0/0 (all exponentials underflow): softmax lies in [0, 1] regardless.
-    lower = torch.nan_to_num(lower, nan=0.0).clamp(0.0, 1.0)
-    upper = torch.nan_to_num(upper, nan=1.0).clamp(0.0, 1.0)
-    return lower, upper
+    """Elementwise bounds on softmax over a logit box (see module docstring), as
+
+        lower_j = 1 / (1 + sum_{i != j} exp(zU_i - zL_j)),
+        upper_j = 1 / (1 + sum_{i != j} exp(zL_i - zU_j)),
+
+    which never subtracts nearly equal sums (cancellation there made the lower bound
+    wrong when one class dominated). exp overflow gives inf and the bound 0, which is safe.
+    """
+    lo, hi = z.lo, z.hi
+    n = lo.shape[-1]
+    off = ~torch.eye(n, dtype=torch.bool, device=lo.device)
+    # pairwise[..., j, i] = z_i - z_j at the extreme corners, diagonal excluded
+    to_lower = torch.where(off, hi.unsqueeze(-2) - lo.unsqueeze(-1), -torch.inf)
+    to_upper = torch.where(off, lo.unsqueeze(-2) - hi.unsqueeze(-1), -torch.inf)
+    lower = 1.0 / (1.0 + torch.exp(to_lower).sum(-1))
+    upper = 1.0 / (1.0 + torch.exp(to_upper).sum(-1))
+    return lower.clamp(0.0, 1.0), upper.clamp(0.0, 1.0)
