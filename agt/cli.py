@@ -61,6 +61,9 @@ def cmd_train(args) -> int:
     base = Path(args.config).resolve().parent
     ds = load_dataset(cfg.data.name, cfg.data.options, base_dir=base)
     out = Path(args.out) if args.out else Path("artifacts") / "bundles" / f"{Path(args.config).stem}.h5"
+    if args.ensemble:
+        from agt.cli_ensemble import train_ensemble_command
+        return train_ensemble_command(args, cfg, ds, out)
     t0 = time.perf_counter()
     result = train(cfg, ds, progress=not args.quiet)
     bundle = from_result(result)
@@ -159,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--k-values", help="k grid, e.g. 0..199 or 0,1,2,5,10")
     t.add_argument("--out", help="output .h5 (default artifacts/bundles/<config>.h5)")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    t.add_argument("--ensemble", type=int, default=0, metavar="T",
+                   help="train T teachers on disjoint parts of the data (writes an ensemble)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
@@ -175,12 +180,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", choices=("cpu", "cuda"))
     c.set_defaults(func=cmd_certify)
 
+    from agt.cli_private import add_private_commands
+    add_private_commands(sub)
     try:
-        from agt.cli_private import add_private_commands
-    except ImportError:  # pragma: no cover - mechanisms not installed
+        from agt.cli_ensemble import add_ensemble_commands
+    except ImportError:  # the ensemble commands live in their own module
         pass
     else:
-        add_private_commands(sub)
+        add_ensemble_commands(sub)
+    try:
+        from agt.cli_reproduce import add_reproduce_commands
+    except ImportError:
+        pass
+    else:
+        add_reproduce_commands(sub)
     return p
 
 

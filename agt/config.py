@@ -23,6 +23,7 @@ LOSSES = ("binary_cross_entropy", "cross_entropy")
 OPTIMIZERS = ("sgd", "sgdm")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "float64")
+SELECTIONS = ("exact", "threshold")
 
 
 def parse_k_values(spec: Any) -> tuple[int, ...]:
@@ -101,6 +102,7 @@ class TrainConfig:
     dtype: str = "float64"
     frozen_layers: int = 0
     pretrained: str | None = None
+    selection: str = "exact"
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------------------
@@ -205,7 +207,8 @@ def config_from_dict(raw: Any) -> TrainConfig:
         n_epochs=_integer(raw, "n_epochs", 1, 1), batch_size=batch, clip_gamma=gamma_,
         seed=_integer(raw, "seed", 0, 0), k_values=k_values, fragment_size=fragment,
         device=_choice(raw, "device", "auto", DEVICES), dtype=_choice(raw, "dtype", "float64", DTYPES),
-        frozen_layers=frozen, pretrained=pretrained, raw=clean)
+        frozen_layers=frozen, pretrained=pretrained,
+        selection=_choice(raw, "selection", "exact", SELECTIONS), raw=clean)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:

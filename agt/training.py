@@ -40,7 +40,7 @@ from agt.errors import ConfigError, DataError, SoundnessError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
 from agt.models import ModelSpec, infer_shapes, init_params
 from agt.optim import UpdateRule, round_to
-from agt.topk import DescentAccumulator
+from agt.topk import DescentAccumulator, ThresholdAccumulator, order_statistics
 
 # Memory budgets (elements of float64 temporaries per chunk; bytes of top-k buffers).
 WORK_ELEMENTS = 1 << 21
@@ -178,19 +178,35 @@ class _Trainer:
         return xb[idx]
 
     # -- nominal ---------------------------------------------------------------------------
-    def nominal_direction(self, theta: dict, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    def nominal_direction(self, theta: dict, idx: torch.Tensor, k_max: int = 0):
+        """Nominal clamped mean gradient; with ``k_max`` also the streamed top-k_max
+        buffers of the nominal per-sample gradients (thresholds for selection=threshold)."""
         sums = {n: torch.zeros(theta[n].numel(), dtype=torch.float64, device=self.device)
                 for n in self.trainable}
         frag = self.cfg.fragment_size
+        # Thresholds only need to be good, not exact (any threshold is sound): take the order
+        # statistics of the first fragment (the batch is a random permutation), at ranks
+        # scaled to the fragment, so this costs one selection over one fragment.
+        first = min(frag, len(idx))
+        k_frag = math.ceil(k_max * first / len(idx)) if k_max else 0
+        stats = ({n: DescentAccumulator(1, theta[n].numel(), k_frag, self.gamma, self.device,
+                                        self.dtype) for n in self.trainable} if k_max else None)
         for f0 in range(0, len(idx), frag):
             fidx = idx[f0:f0 + frag]
             sources = self.net.grads_nominal(theta, self.x_nominal[fidx], self.y[fidx], self.cfg.loss)
             for name, src in sources.items():
                 for r0, r1 in self._row_chunks(src, len(fidx), 1):
                     g = src.fn(r0, r1).clamp(-self.gamma, self.gamma)
-                    sums[name][r0 * src.row_size:r1 * src.row_size] += g.sum(0, dtype=torch.float64)
+                    sums[name][r0 * src.row_size:r1 * src.row_size] += g.to(torch.float64).sum(0)
+                    if stats is not None and f0 == 0:
+                        gt = g.T.unsqueeze(0)
+                        stats[name].add(r0 * src.row_size, r1 * src.row_size, Interval(gt, gt))
+            if stats is not None and f0 == 0:
+                for acc in stats.values():
+                    acc.samples_seen(len(fidx))
         b = len(idx)
-        return {n: (s / b).to(self.dtype).reshape(theta[n].shape) for n, s in sums.items()}
+        direction = {n: (s / b).to(self.dtype).reshape(theta[n].shape) for n, s in sums.items()}
+        return direction, stats
 
     @staticmethod
     def _row_chunks(src, n_samples: int, n_groups: int):
@@ -201,11 +217,29 @@ class _Trainer:
 
     # -- bounds ----------------------------------------------------------------------------
     def descent_bounds(self, boxes: dict[str, Interval], k_values: torch.Tensor,
-                       idx: torch.Tensor, shared: bool) -> dict[str, Interval]:
+                       idx: torch.Tensor, shared: bool, stats=None) -> dict[str, Interval]:
         """Interval of the clamped mean gradient for every box (K, ...), batch ``idx``.
 
-        ``shared``: all K boxes are identical; one interval pass serves every k."""
+        ``shared``: all K boxes are identical; one interval pass serves every k.
+        ``stats``: nominal top-k buffers -> threshold rule (selection: threshold)."""
         K = k_values.shape[0]
+        if stats is not None:
+            scale = next(iter(stats.values())).count / len(idx)
+            k_frag = torch.where(k_values > 0, torch.ceil(k_values * scale).long().clamp_min(1),
+                                 k_values)
+            taus = {n: order_statistics(acc, k_frag) for n, acc in stats.items()}
+            if shared:
+                one = {n: box[:1] for n, box in boxes.items()}
+                return self._threshold_pass(one, k_values, idx, taus)
+            out: dict[str, list[Interval]] = {n: [] for n in boxes}
+            for g0, g1 in self._groups(k_values, len(idx), buffers=False):
+                sub = {n: box[g0:g1] for n, box in boxes.items()}
+                sub_taus = {n: (t[0][g0:g1], t[1][g0:g1]) for n, t in taus.items()}
+                res = self._threshold_pass(sub, k_values[g0:g1], idx, sub_taus)
+                for n in boxes:
+                    out[n].append(res[n])
+            return {n: Interval(torch.cat([r.lo for r in parts]), torch.cat([r.hi for r in parts]))
+                    for n, parts in out.items()}
         if shared:
             one = {n: box[:1] for n, box in boxes.items()}
             group = torch.zeros(K, dtype=torch.int64)
@@ -221,7 +255,7 @@ class _Trainer:
         return {n: Interval(torch.cat([r.lo for r in parts]), torch.cat([r.hi for r in parts]))
                 for n, parts in out.items()}
 
-    def _groups(self, k_values: torch.Tensor, batch: int):
+    def _groups(self, k_values: torch.Tensor, batch: int, buffers: bool = True):
         """Consecutive groups of k values sized to the memory budgets."""
         frag = min(batch, self.cfg.fragment_size)
         shapes = infer_shapes(self.net.layers, tuple(self.x_nominal.shape[1:]))
@@ -235,11 +269,33 @@ class _Trainer:
                 kmax = int(k_values[g1])
                 size = g1 + 1 - g0
                 if size * frag * act * 8 > WORK_ELEMENTS * 4 or \
-                        size * p_total * kmax * 8 > BUFFER_BYTES:
+                        (buffers and size * p_total * kmax * 8 > BUFFER_BYTES):
                     break
                 g1 += 1
             yield g0, g1
             g0 = g1
+
+    def _threshold_pass(self, boxes, k_values, idx, taus):
+        """Threshold rule for M = len(k_values) distances over G boxes (G = M, or G = 1
+        shared by all)."""
+        M = k_values.shape[0]
+        accs = {n: ThresholdAccumulator(k_values, taus[n][0], taus[n][1], self.gamma)
+                for n in self.trainable}
+        frag = self.cfg.fragment_size
+        for f0 in range(0, len(idx), frag):
+            fidx = idx[f0:f0 + frag]
+            sources = self.net.grads_bounds(boxes, self._bound_inputs(fidx), self.y[fidx],
+                                            self.cfg.loss, self.fm)
+            for name, src in sources.items():
+                for r0, r1 in self._row_chunks(src, len(fidx), M):
+                    accs[name].add(r0 * src.row_size, r1 * src.row_size, src.samples_last(r0, r1))
+            for acc in accs.values():
+                acc.samples_seen(len(fidx))
+        out = {}
+        for name, acc in accs.items():
+            shape = self.init[name].shape
+            out[name] = acc.bounds(self.fm).map(lambda t: t.reshape(t.shape[0], *shape))
+        return out
 
     def _group_pass(self, boxes, k_values, idx, group_index, k_buffer):
         G = next(iter(boxes.values())).shape[0]
@@ -285,9 +341,11 @@ class _Trainer:
         for step, (epoch, batch) in enumerate(bar):
             idx = torch.as_tensor(batch, device=self.device)
             lr = round_to(cfg.learning_rate_at(step), self.dtype)
-            direction = self.nominal_direction(theta, idx)
+            use_thresholds = with_bounds and cfg.selection == "threshold"
+            direction, stats = self.nominal_direction(
+                theta, idx, k_max=int(k_tensor.max()) if use_thresholds else 0)
             if with_bounds:
-                d_boxes = self.descent_bounds(boxes, k_tensor, idx, shared=(step == 0))
+                d_boxes = self.descent_bounds(boxes, k_tensor, idx, shared=(step == 0), stats=stats)
                 new_boxes, new_v = {}, {}
                 for n in self.trainable:
                     new_boxes[n], new_v[n] = self.rule.bounds(boxes[n], vboxes[n], d_boxes[n],

@@ -306,3 +306,48 @@ def test_relations_recorded():
     assert mini.order.shape == (2, len(ds.y_train))
     for row in mini.order:
         assert sorted(row.tolist()) == list(range(len(ds.y_train)))
+
+
+def test_threshold_rule_equals_naive_sort_at_exact_thresholds_and_bounds_it_otherwise():
+    from agt.topk import ThresholdAccumulator
+    rng = np.random.default_rng(16)
+    gamma, b, P = 0.3, 41, 5
+    lo = torch.as_tensor(rng.uniform(-0.5, 0.4, size=(1, P, b)))
+    hi = lo + torch.as_tensor(rng.uniform(0, 0.3, size=(1, P, b)))
+    gl, gu = lo[0].clamp(-gamma, gamma).numpy(), hi[0].clamp(-gamma, gamma).numpy()
+    fm = FloatModel(torch.float64)
+    for k in (0, 1, 4, 13):
+        naive_lo = (np.sort(gl, axis=1)[:, :b - k].sum(1) - k * gamma) / b
+        naive_hi = (np.sort(gu, axis=1)[:, ::-1][:, :b - k].sum(1) + k * gamma) / b
+        exact_lo = np.sort(gl, axis=1)[:, ::-1][:, k - 1] if k else np.full(P, gamma)
+        exact_hi = np.sort(gu, axis=1)[:, k - 1] if k else np.full(P, -gamma)
+        for tau_lo, tau_hi, exact in ((exact_lo, exact_hi, True),
+                                      (rng.uniform(-gamma, gamma, P), rng.uniform(-gamma, gamma, P), False)):
+            acc = ThresholdAccumulator(torch.tensor([k]), torch.as_tensor(tau_lo)[None],
+                                       torch.as_tensor(tau_hi)[None], gamma)
+            for f0 in range(0, b, 9):
+                acc.add(0, P, Interval(lo[:, :, f0:f0 + 9], hi[:, :, f0:f0 + 9]))
+                acc.samples_seen(lo[:, :, f0:f0 + 9].shape[-1])
+            res = acc.bounds(fm)
+            assert np.all(res.lo[0].numpy() <= naive_lo) and np.all(res.hi[0].numpy() >= naive_hi)
+            if exact:
+                np.testing.assert_allclose(res.lo[0].numpy(), naive_lo, atol=1e-9)
+                np.testing.assert_allclose(res.hi[0].numpy(), naive_hi, atol=1e-9)
+
+
+@pytest.mark.parametrize("model,loss,batch", [(MLP, "cross_entropy", 10_000),
+                                               (MLP_BCE, "binary_cross_entropy", 10_000),
+                                               (LOGISTIC_CE, "cross_entropy", 60)])
+def test_falsify_threshold_selection(model, loss, batch):
+    ds = blobs(300, seed=17)
+    cfg = config(model, loss, n_epochs=3, batch_size=batch, fragment_size=70,
+                 k_values=[0, 1, 2, 3, 5, 8, 13], selection="threshold")
+    kinds = FULL_KINDS if batch >= 300 else REPLACE_KINDS
+    assert falsify(cfg, ds, kinds, trials_per_k=6, seed=18) >= 36
+
+
+def test_threshold_selection_float32_large_batch():
+    ds = blobs(10_000, seed=19)
+    cfg = config(MLP_BCE, "binary_cross_entropy", n_epochs=2, dtype="float32",
+                 k_values=[0, 1, 3, 30], fragment_size=3000, selection="threshold")
+    assert falsify(cfg, ds, ["targeted", "adversarial", "remove", "add"], trials_per_k=3, seed=20) >= 9
