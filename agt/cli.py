@@ -182,12 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from agt.cli_private import add_private_commands
     add_private_commands(sub)
-    try:
-        from agt.cli_ensemble import add_ensemble_commands
-    except ImportError:  # the ensemble commands live in their own module
-        pass
-    else:
-        add_ensemble_commands(sub)
+    from agt.cli_ensemble import add_ensemble_commands
+    add_ensemble_commands(sub)
     try:
         from agt.cli_reproduce import add_reproduce_commands
     except ImportError:

@@ -228,32 +228,21 @@ class _Trainer:
             k_frag = torch.where(k_values > 0, torch.ceil(k_values * scale).long().clamp_min(1),
                                  k_values)
             taus = {n: order_statistics(acc, k_frag) for n, acc in stats.items()}
-            if shared:
-                one = {n: box[:1] for n, box in boxes.items()}
-                return self._threshold_pass(one, k_values, idx, taus)
-            out: dict[str, list[Interval]] = {n: [] for n in boxes}
-            for g0, g1 in self._groups(k_values, len(idx), buffers=False):
-                sub = {n: box[g0:g1] for n, box in boxes.items()}
+
+            def bound_pass(sub_boxes, g0, g1, shared_box):
                 sub_taus = {n: (t[0][g0:g1], t[1][g0:g1]) for n, t in taus.items()}
-                res = self._threshold_pass(sub, k_values[g0:g1], idx, sub_taus)
-                for n in boxes:
-                    out[n].append(res[n])
-            return {n: Interval(torch.cat([r.lo for r in parts]), torch.cat([r.hi for r in parts]))
-                    for n, parts in out.items()}
+                return self._threshold_pass(sub_boxes, k_values[g0:g1], idx, sub_taus)
+        else:
+            def bound_pass(sub_boxes, g0, g1, shared_box):
+                group = torch.zeros(g1 - g0, dtype=torch.int64) if shared_box else None
+                return self._group_pass(sub_boxes, k_values[g0:g1], idx, group_index=group,
+                                        k_buffer=int(k_values[g0:g1].max()))
         if shared:
-            one = {n: box[:1] for n, box in boxes.items()}
-            group = torch.zeros(K, dtype=torch.int64)
-            return self._group_pass(one, k_values, idx, group_index=group,
-                                    k_buffer=int(k_values.max()))
-        out: dict[str, list[Interval]] = {n: [] for n in boxes}
-        for g0, g1 in self._groups(k_values, len(idx)):
-            sub = {n: box[g0:g1] for n, box in boxes.items()}
-            res = self._group_pass(sub, k_values[g0:g1], idx, group_index=None,
-                                   k_buffer=int(k_values[g1 - 1]))
-            for n in boxes:
-                out[n].append(res[n])
-        return {n: Interval(torch.cat([r.lo for r in parts]), torch.cat([r.hi for r in parts]))
-                for n, parts in out.items()}
+            return bound_pass({n: box[:1] for n, box in boxes.items()}, 0, K, True)
+        parts = [bound_pass({n: box[g0:g1] for n, box in boxes.items()}, g0, g1, False)
+                 for g0, g1 in self._groups(k_values, len(idx), buffers=stats is None)]
+        return {n: Interval(torch.cat([p[n].lo for p in parts]), torch.cat([p[n].hi for p in parts]))
+                for n in boxes}
 
     def _groups(self, k_values: torch.Tensor, batch: int, buffers: bool = True):
         """Consecutive groups of k values sized to the memory budgets."""
@@ -278,46 +267,39 @@ class _Trainer:
     def _threshold_pass(self, boxes, k_values, idx, taus):
         """Threshold rule for M = len(k_values) distances over G boxes (G = M, or G = 1
         shared by all)."""
-        M = k_values.shape[0]
         accs = {n: ThresholdAccumulator(k_values, taus[n][0], taus[n][1], self.gamma)
                 for n in self.trainable}
-        frag = self.cfg.fragment_size
-        for f0 in range(0, len(idx), frag):
-            fidx = idx[f0:f0 + frag]
-            sources = self.net.grads_bounds(boxes, self._bound_inputs(fidx), self.y[fidx],
-                                            self.cfg.loss, self.fm)
-            for name, src in sources.items():
-                for r0, r1 in self._row_chunks(src, len(fidx), M):
-                    accs[name].add(r0 * src.row_size, r1 * src.row_size, src.samples_last(r0, r1))
-            for acc in accs.values():
-                acc.samples_seen(len(fidx))
-        out = {}
-        for name, acc in accs.items():
-            shape = self.init[name].shape
-            out[name] = acc.bounds(self.fm).map(lambda t: t.reshape(t.shape[0], *shape))
-        return out
+        self._stream_bounds(boxes, idx, accs, n_groups=k_values.shape[0])
+        return {n: self._reshape(n, acc.bounds(self.fm)) for n, acc in accs.items()}
 
     def _group_pass(self, boxes, k_values, idx, group_index, k_buffer):
+        """Exact top-k rule for the distances ``k_values`` of G boxes (group_index maps each
+        distance to its box; None: one box each)."""
         G = next(iter(boxes.values())).shape[0]
         accs = {n: DescentAccumulator(G, self.init[n].numel(), k_buffer, self.gamma, self.device,
                                       self.dtype)
                 for n in self.trainable}
+        self._stream_bounds(boxes, idx, accs, n_groups=G)
+        return {n: self._reshape(n, acc.bounds(k_values, self.fm, group_index))
+                for n, acc in accs.items()}
+
+    def _stream_bounds(self, boxes, idx, accs, n_groups: int) -> None:
+        """Feed the per-sample gradient bounds of batch ``idx`` to the accumulators,
+        fragment by fragment and in parameter-row chunks sized to the memory budget."""
         frag = self.cfg.fragment_size
         for f0 in range(0, len(idx), frag):
             fidx = idx[f0:f0 + frag]
             sources = self.net.grads_bounds(boxes, self._bound_inputs(fidx), self.y[fidx],
                                             self.cfg.loss, self.fm)
             for name, src in sources.items():
-                for r0, r1 in self._row_chunks(src, len(fidx), G):
+                for r0, r1 in self._row_chunks(src, len(fidx), n_groups):
                     accs[name].add(r0 * src.row_size, r1 * src.row_size, src.samples_last(r0, r1))
             for acc in accs.values():
                 acc.samples_seen(len(fidx))
-        out = {}
-        for name, acc in accs.items():
-            res = acc.bounds(k_values, self.fm, group_index)
-            shape = self.init[name].shape
-            out[name] = res.map(lambda t: t.reshape(t.shape[0], *shape))
-        return out
+
+    def _reshape(self, name: str, flat: Interval) -> Interval:
+        shape = self.init[name].shape
+        return flat.map(lambda t: t.reshape(t.shape[0], *shape))
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, with_bounds: bool, progress: bool, ds_sha: str,

@@ -6,6 +6,7 @@ float32 nominal. Data: two Gaussian classes in 768-d (the real embeddings are no
 available offline). Each measurement runs in a fresh subprocess so that peak RSS is its own.
 
     python benchmarks/bench_imdb.py [--k-values 0,10,100,1000] [--batches 10000,20000]
+                                    [--selection threshold,exact]
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 import sys
 
 
-def _child(n: int, k_values: str, bounds: bool) -> dict:
+def _child(n: int, k_values: str, bounds: bool, selection: str = "threshold") -> dict:
     import numpy as np
     import torch
 
@@ -36,7 +37,7 @@ def _child(n: int, k_values: str, bounds: bool) -> dict:
         loss="binary_cross_entropy", data={"name": "npz", "path": "unused"}, optimizer="sgdm",
         momentum=0.99, dampening=0.3, learning_rate=0.2, lr_decay=0.5, n_epochs=3,
         batch_size=n, clip_gamma=0.04, k_values=k_values, fragment_size=2000,
-        dtype="float32", device="cpu"))
+        dtype="float32", device="cpu", selection=selection))
     times: dict = {}
     with timer(times, "seconds"):
         res = train(cfg, ds, with_bounds=bounds)
@@ -44,9 +45,9 @@ def _child(n: int, k_values: str, bounds: bool) -> dict:
             "peak_rss_mb": peak_rss_mb()}
 
 
-def run_child(n: int, k_values: str, bounds: bool) -> dict:
+def run_child(n: int, k_values: str, bounds: bool, selection: str = "threshold") -> dict:
     code = (f"import json,sys; sys.path.insert(0,'.'); from benchmarks.bench_imdb import _child; "
-            f"print(json.dumps(_child({n}, {k_values!r}, {bounds})))")
+            f"print(json.dumps(_child({n}, {k_values!r}, {bounds}, {selection!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -55,16 +56,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--k-values", default="0,10,100,1000")
     ap.add_argument("--batches", default="10000,20000")
+    ap.add_argument("--selection", default="threshold,exact", help="threshold, exact or both")
     args = ap.parse_args()
     n0 = int(args.batches.split(",")[0])
     nominal = run_child(n0, "0", bounds=False)
     print(f"nominal training, n={n0}: {nominal['seconds']:.2f} s, peak RSS {nominal['peak_rss_mb']:.0f} MiB")
-    for n in (int(b) for b in args.batches.split(",")):
-        agt = run_child(n, args.k_values, bounds=True)
+    runs = [(n, sel) for n in (int(b) for b in args.batches.split(",")) for sel in args.selection.split(",")]
+    for n, selection in runs:
+        agt = run_child(n, args.k_values, bounds=True, selection=selection)
         nk = len(agt["k_values"])
         per_k = agt["seconds"] / nk
-        line = (f"AGT n={n}, {nk} k values {agt['k_values']}: {agt['seconds']:.2f} s total, "
-                f"{per_k:.2f} s per k, peak RSS {agt['peak_rss_mb']:.0f} MiB")
+        line = (f"AGT selection={selection} n={n}, {nk} k values {agt['k_values']}: "
+                f"{agt['seconds']:.2f} s total, {per_k:.2f} s per k, peak RSS {agt['peak_rss_mb']:.0f} MiB")
         if n == n0:
             line += (f"; per k / nominal = {per_k / nominal['seconds']:.1f}x; "
                      f"vs reference 70-100 s per k: {70 / per_k:.1f}x-{100 / per_k:.1f}x faster")
