@@ -96,7 +96,10 @@ def cmd_predict(args) -> int:
                  else smooth_guarantee(args.epsilon, delta, noise, relation))
     spends = [Spend.from_guarantee(guarantee, bundle.bundle_id, hash_query(x[i]))
               for i in range(len(x))]
-    with Ledger.open(args.ledger, args.budget_epsilon, args.budget_delta, args.accountant) as ledger:
+    budget_delta = args.budget_delta
+    if budget_delta is None and args.budget_epsilon is not None and not Path(args.ledger).exists():
+        budget_delta = 0.0          # a new ledger without a delta budget: pure eps-DP only
+    with Ledger.open(args.ledger, args.budget_epsilon, budget_delta, args.accountant) as ledger:
         labels, guarantee = ledger.spend(spends, release)
         spent = ledger.spent()
 

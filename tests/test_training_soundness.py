@@ -70,13 +70,18 @@ def targeted(cfg, ds, m: int, rng: np.random.Generator, add_remove: bool = False
     spec = cfg.model.with_input_shape(ds.feature_shape)
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     params = init_params(spec, cfg.seed, dtype)
+    if cfg.pretrained:
+        from agt.training import load_pretrained
+        params = load_pretrained(cfg.pretrained, spec, params)
     net = Network.trainable(spec)
-    name = rng.choice(sorted(params))
+    prefix = Network.prefix(spec)
+    name = rng.choice(spec.trainable_param_names())
     coord = int(rng.integers(params[name].numel()))
     direction = rng.choice([-1.0, 1.0])
 
     def grads(x, y):
-        src = net.grads_nominal(params, torch.as_tensor(x, dtype=dtype), torch.as_tensor(y), cfg.loss)[name]
+        feats = prefix.forward_nominal(params, torch.as_tensor(x, dtype=dtype))[0]
+        src = net.grads_nominal(params, feats, torch.as_tensor(y), cfg.loss)[name]
         g = src.fn(0, src.n_rows)[:, coord]
         return g.clamp(-cfg.clip_gamma, cfg.clip_gamma).double().numpy()
 
@@ -351,3 +356,21 @@ def test_threshold_selection_float32_large_batch():
     cfg = config(MLP_BCE, "binary_cross_entropy", n_epochs=2, dtype="float32",
                  k_values=[0, 1, 3, 30], fragment_size=3000, selection="threshold")
     assert falsify(cfg, ds, ["targeted", "adversarial", "remove", "add"], trials_per_k=3, seed=20) >= 9
+
+
+def test_falsify_frozen_conv_prefix_with_pretrained_weights(tmp_path):
+    """A frozen feature extractor (conv-relu-flatten from a pretrained state dict) and a
+    trained head: bounds computed through rounding-widened features still hold."""
+    from agt.models import init_params
+    ds = images(160, seed=30)
+    cfg = config(CONV, "cross_entropy", n_epochs=2, learning_rate=0.3, k_values=[0, 1, 2, 4],
+                 fragment_size=64, frozen_layers=3)
+    spec = cfg.model.with_input_shape(ds.feature_shape)
+    pre = init_params(spec, 99, torch.float64)
+    torch.save({"0.weight": pre["0.weight"] * 2.0, "0.bias": pre["0.bias"]}, tmp_path / "pre.pt")
+    cfg = cfg.replace(pretrained=str(tmp_path / "pre.pt"))
+    res = train(cfg, ds)
+    assert torch.equal(res.nominal["0.weight"], pre["0.weight"] * 2.0)     # frozen, pretrained
+    assert torch.equal(res.lower["0.weight"][-1], res.upper["0.weight"][-1])
+    assert falsify(cfg, ds, ["random", "targeted", "flip", "remove", "add"], trials_per_k=6,
+                   seed=31) >= 18
