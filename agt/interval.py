@@ -19,7 +19,7 @@ flush-to-zero). `FloatModel.widen` adds both error terms, one for the nominal dt
 for the float64 bound computation itself, each with headroom.
 
 `Interval` is the one value type of the tensor core (STYLE.md, pattern 1): a frozen pair
-``lo <= hi`` of float64 tensors of equal shape.
+``lo <= hi`` of tensors of equal shape.
 """
 
 from __future__ import annotations
@@ -75,7 +75,10 @@ class FloatModel:
 
 @dataclass(frozen=True)
 class Interval:
-    """A box [lo, hi] of float64 tensors (elementwise lo <= hi)."""
+    """A box [lo, hi] of tensors of equal shape (elementwise lo <= hi).
+
+    float64 throughout the tensor core; per-sample gradient bounds handed to the top-k
+    accumulators may be in the training dtype after an outward cast (`to_dtype_outward`)."""
 
     lo: torch.Tensor
     hi: torch.Tensor
