@@ -184,12 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_private_commands(sub)
     from agt.cli_ensemble import add_ensemble_commands
     add_ensemble_commands(sub)
-    try:
-        from agt.cli_reproduce import add_reproduce_commands
-    except ImportError:
-        pass
-    else:
-        add_reproduce_commands(sub)
+    from agt.cli_reproduce import add_reproduce_commands
+    add_reproduce_commands(sub)
     return p
 
 

@@ -1,0 +1,251 @@
+"""The state one `agt reproduce` run shares between its experiments, and their outputs.
+
+`Context` prepares the dataset pipeline once and memoises what several experiments use:
+the single AGT model and its certificate on the test queries (single, budget, kgrid,
+teacher), the AGT ensembles per T (ensembles, budget, teacher) and DP-SGD runs (budget,
+teacher). Everything is deterministic in the run's seed: training uses the config's seed
+(``--seed`` overrides it) and every sampled release draws from a generator seeded with
+(seed, experiment, setting, repeat).
+
+Each experiment writes ``<out>/<dataset>/<experiment>/``: ``results.json`` (every number,
+with the plan settings, the training config, data provenance and seeds), PNG plots and
+``table.md``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from agt import __version__
+from agt.certify import Certificate, Certifier
+from agt.ensemble import Ensemble, EnsembleCertificate, EnsembleCertifier, train_ensemble
+from agt.store import Bundle, from_result
+from agt.training import train
+
+from experiments.plan import Plan, display_path
+from experiments.pipelines import Prepared, prepare
+
+
+@dataclass
+class Outcome:
+    """What an experiment reports for the run's summary table."""
+
+    name: str
+    headline: str
+    seconds: float = 0.0
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SingleModel:
+    bundle: Bundle
+    cert: Certificate          # on the test queries
+    relation: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class EnsembleModel:
+    ensemble: Ensemble
+    cert: EnsembleCertificate  # on the test queries
+    k_values: tuple[int, ...]
+    relation: str
+    seconds: float
+
+
+def to_jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if math.isfinite(v) else str(v)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, Path):
+        return display_path(obj)
+    return obj
+
+
+def dumps(obj: Any, indent: int = 1, level: int = 0) -> str:
+    """JSON with nested objects indented and lists of scalars kept on one line (grids of
+    radii stay compact)."""
+    pad, inner = " " * (indent * level), " " * (indent * (level + 1))
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        items = [f"{inner}{json.dumps(k)}: {dumps(v, indent, level + 1)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, list):
+        if all(not isinstance(v, (dict, list)) for v in obj):
+            return json.dumps(obj, separators=(",", ":"))
+        if all(isinstance(v, list) and all(not isinstance(u, (dict, list)) for u in v)
+               for v in obj):
+            rows = [inner + json.dumps(v, separators=(",", ":")) for v in obj]
+            return "[\n" + ",\n".join(rows) + "\n" + pad + "]"
+        items = [inner + dumps(v, indent, level + 1) for v in obj]
+        return "[\n" + ",\n".join(items) + "\n" + pad + "]"
+    return json.dumps(obj)
+
+
+class Context:
+    def __init__(self, plan: Plan, *, out: str | Path = "artifacts", data_dir: str | Path | None = None,
+                 seed: int | None = None, progress: bool = False, device: str = "cpu"):
+        self.plan = plan
+        self.out_dir = Path(out) / plan.dataset
+        self.data_dir = data_dir
+        self.seed_override = seed
+        self.progress = progress
+        self.device = device
+        self._prepared: Prepared | None = None
+        self._single: SingleModel | None = None
+        self._ensembles: dict[int, EnsembleModel] = {}
+        self._dpsgd: dict[tuple, list] = {}
+
+    # -- shared inputs ---------------------------------------------------------------------
+    @property
+    def prepared(self) -> Prepared:
+        if self._prepared is None:
+            self._prepared = prepare(self.plan, data_dir=self.data_dir, seed=self.seed_override,
+                                     out_dir=self.out_dir, progress=self.progress)
+        return self._prepared
+
+    @property
+    def config(self):
+        return self.prepared.config
+
+    @property
+    def dataset(self):
+        return self.prepared.dataset
+
+    @property
+    def seed(self) -> int:
+        """The run's seed: --seed if given, else the training config's."""
+        return int(self.seed_override) if self.seed_override is not None else int(self.config.seed)
+
+    def rngs(self, *keys: Any, repeats: int) -> list[np.random.Generator]:
+        """`repeats` independent generators for the setting named by `keys`."""
+        words = [self.seed] + [zlib.crc32(repr(k).encode()) for k in keys]
+        children = np.random.SeedSequence(words).spawn(repeats)
+        return [np.random.default_rng(c) for c in children]
+
+    def bar(self, iterable: Iterable, desc: str, total: int | None = None):
+        return tqdm(iterable, desc=desc, total=total, disable=not self.progress, leave=False)
+
+    # -- memoised models ---------------------------------------------------------------------
+    def single(self) -> SingleModel:
+        """The single AGT model on the whole private set, certified on the test queries."""
+        if self._single is None:
+            from agt.cli_private import choose_relation
+            t0 = time.perf_counter()
+            result = train(self.config, self.dataset, progress=self.progress)
+            bundle = from_result(result)
+            cert = Certifier(bundle, device=self.device).certify(self.dataset.x_test)
+            self._single = SingleModel(bundle, cert, choose_relation(bundle.relations, None),
+                                       time.perf_counter() - t0)
+        return self._single
+
+    def ensemble_k_values(self, n_teachers: int) -> tuple[int, ...]:
+        """The config's k grid cut to k < every teacher's batch, min(batch, floor(n / T)):
+        a function of n and T only (never of how many points certify)."""
+        batch = min(self.config.batch_size, self.dataset.n_train // n_teachers)
+        return tuple(k for k in self.config.k_values if k < batch)
+
+    def ensemble(self, n_teachers: int, keep: bool = True) -> EnsembleModel:
+        """T teachers trained with AGT and certified on the test queries. `keep`: memoise it
+        for later experiments (teachers' bounds can be large: T x K x parameters)."""
+        if n_teachers in self._ensembles:
+            return self._ensembles[n_teachers]
+        t0 = time.perf_counter()
+        ks = self.ensemble_k_values(n_teachers)
+        ens = train_ensemble(self.config.replace(k_values=list(ks)), self.dataset,
+                             n_teachers, progress=self.progress)
+        cert = EnsembleCertifier(ens, device=self.device).certify(self.dataset.x_test)
+        model = EnsembleModel(ens, cert, ks, ens.relations[0], time.perf_counter() - t0)
+        if keep:
+            self._ensembles[n_teachers] = model
+        return model
+
+    def dpsgd(self, epsilon: float, delta: float, settings: dict, n_seeds: int) -> list:
+        """DP-SGD runs (Opacus) of the AGT model to (epsilon, delta), seeds seed .. seed+n-1."""
+        from mechanisms.dpsgd import DPSGDConfig, train_dpsgd
+
+        key = (float(epsilon), float(delta), json.dumps(settings, sort_keys=True), n_seeds)
+        if key not in self._dpsgd:
+            runs = []
+            for s in range(n_seeds):
+                dp = DPSGDConfig(target_epsilon=float(epsilon), target_delta=float(delta),
+                                 seed=self.seed + s, **settings)
+                runs.append(train_dpsgd(self.config, self.dataset, dp, device=self.device,
+                                        progress=self.progress))
+            self._dpsgd[key] = runs
+        return self._dpsgd[key]
+
+    # -- outputs -----------------------------------------------------------------------------
+    def experiment_dir(self, name: str) -> Path:
+        d = self.out_dir / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def header(self, name: str) -> dict:
+        """Provenance every results.json starts with."""
+        cfg = self.config.to_json_dict()
+        if cfg.get("pretrained"):
+            cfg["pretrained"] = display_path(cfg["pretrained"])
+        data = dict(cfg.get("data") or {})
+        for key in ("data_dir", "path"):
+            if key in data:
+                data[key] = display_path(data[key])
+        cfg["data"] = data
+        return {
+            "experiment": name, "dataset": self.plan.dataset, "quick": self.plan.quick,
+            "seed": self.seed, "agt_version": __version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "settings": self.plan.to_json_dict()["settings"].get(name),
+            "plan_file": display_path(self.plan.path),
+            "train_config": cfg, "train_config_file": display_path(self.plan.train_config),
+            "train_config_overrides": self.prepared.config_overrides,
+            "data": self.prepared.info,
+        }
+
+    def write_results(self, name: str, payload: dict) -> Path:
+        path = self.experiment_dir(name) / "results.json"
+        body = {**self.header(name), **payload}
+        tmp = path.with_name(path.name + ".partial")
+        tmp.write_text(dumps(to_jsonable(body)) + "\n")
+        tmp.replace(path)
+        return path
+
+    def write_table(self, name: str, markdown: str) -> Path:
+        path = self.experiment_dir(name) / "table.md"
+        path.write_text(markdown.rstrip() + "\n")
+        return path
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def pm(mean: float, std: float, digits: int = 3) -> str:
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"

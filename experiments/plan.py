@@ -1,0 +1,470 @@
+"""Experiment plans: what `agt reproduce DATASET` runs, loaded from
+``configs/experiments/<dataset>.yaml`` into frozen, validated dataclasses.
+
+A plan names the AGT training config (``train_config``, a path relative to the plan file) and
+holds only *experiment* settings (epsilon grids, ensemble sizes, query budgets, ...). The
+``quick:`` section of the file overrides individual settings for ``--quick``; the merge
+happens once, at load time, and the merged plan is what every experiment reads and what each
+``results.json`` records. Experiment code never mutates a plan or a training config: it
+derives new configs with ``TrainConfig.replace`` and records the overrides it used.
+
+File layout::
+
+    dataset: blobs                        # blobs | octmnist | imdb
+    train_config: ../blobs.yaml           # AGT config of the private model (relative path)
+    train_overrides: {}                   # keys of the training config to change (recorded)
+    experiments: [heatmap, single, ...]   # what `agt reproduce` runs, in order
+    pipeline: {...}                       # data preparation (PipelineSettings)
+    settings: {single: {...}, ...}        # one mapping per experiment (see the classes below)
+    quick: {pipeline: {...}, train_overrides: {...}, settings: {single: {...}, ...}}
+
+Unknown keys and impossible values raise `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import yaml
+
+from agt.errors import ConfigError
+
+DATASETS = ("blobs", "octmnist", "imdb")
+EXPERIMENT_NAMES = ("heatmap", "single", "ensembles", "budget", "kgrid", "teacher")
+PLAN_DIR = Path(__file__).resolve().parent.parent / "configs" / "experiments"
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_plan_path(dataset: str) -> Path:
+    return PLAN_DIR / f"{dataset}.yaml"
+
+
+def display_path(path: str | Path) -> str:
+    """A path for results files: relative to the repository when inside it (so committed
+    artifacts do not carry a machine's absolute paths), else as given."""
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(p)
+
+
+# ------------------------------------------------------------------------------------------
+# Generic construction of a frozen settings dataclass from a mapping
+
+def _coerce(value: Any, default: Any, where: str) -> Any:
+    """Convert a YAML value to the type of the field's default (lists become tuples)."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, int) and not isinstance(default, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return int(value)
+    if isinstance(default, float):
+        if isinstance(value, str):
+            try:
+                value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
+            except ValueError:
+                raise ConfigError(f"{where} must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value):
+            raise ConfigError(f"{where} must be a finite number, got {value!r}")
+        return float(value)
+    if isinstance(default, tuple):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return tuple(value)
+    if isinstance(default, dict):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        return dict(value)
+    return value
+
+
+def build_settings(cls, raw: Any, where: str):
+    """`cls(**raw)` with unknown keys rejected and values coerced to the defaults' types."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a mapping of settings, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {unknown} in {where}; allowed: "
+                          f"{', '.join(sorted(fields))}")
+    values = {}
+    for name, value in raw.items():
+        f = fields[name]
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        values[name] = value if (value is None or default is None) else \
+            _coerce(value, default, f"{where}.{name}")
+    obj = cls(**values)
+    obj.validate(where)
+    return obj
+
+
+def _positive(where: str, **values: float) -> None:
+    for name, v in values.items():
+        if not v > 0:
+            raise ConfigError(f"{where}.{name} must be > 0, got {v!r}")
+
+
+def _delta(where: str, **values: float) -> None:
+    for name, v in values.items():
+        if not 0 < v < 1:
+            raise ConfigError(f"{where}.{name} must be in (0, 1), got {v!r}")
+
+
+def _int_list(where: str, name: str, values: tuple, low: int) -> None:
+    if not values:
+        raise ConfigError(f"{where}.{name} must not be empty")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise ConfigError(f"{where}.{name} must list integers >= {low}, got {v!r}")
+
+
+def epsilon_grid(spec: Any, where: str) -> tuple[float, ...]:
+    """A list of epsilons, or ``{logspace: [low, high, count]}`` (inclusive, log-spaced)."""
+    if isinstance(spec, Mapping):
+        if set(spec) != {"logspace"} or not isinstance(spec["logspace"], (list, tuple)) \
+                or len(spec["logspace"]) != 3:
+            raise ConfigError(f"{where} must be a list of numbers or {{logspace: [low, high, "
+                              f"count]}}, got {spec!r}")
+        low, high, count = spec["logspace"]
+        low, high = float(low), float(high)
+        if not (0 < low < high) or isinstance(count, bool) or not isinstance(count, int) \
+                or count < 2:
+            raise ConfigError(f"{where}: logspace needs 0 < low < high and count >= 2, got "
+                              f"{spec['logspace']!r}")
+        return tuple(float(v) for v in np.logspace(math.log10(low), math.log10(high), count))
+    if isinstance(spec, (list, tuple)) and spec:
+        out = []
+        for v in spec:
+            v = float(v) if isinstance(v, str) else v
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v <= 0:
+                raise ConfigError(f"{where} must list finite epsilons > 0, got {v!r}")
+            out.append(float(v))
+        return tuple(out)
+    raise ConfigError(f"{where} must be a non-empty list of numbers or {{logspace: [low, high, "
+                      f"count]}}, got {spec!r}")
+
+
+# ------------------------------------------------------------------------------------------
+# Settings per experiment
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """Data preparation. max_train: keep at most this many private training records
+    (stratified by label, file order kept, seeded) -- for quick runs; null keeps all.
+    max_test: at most this many test records (the first ones). OctMNIST pre-training:
+    pretrain_epochs / pretrain_batch_size / pretrain_learning_rate (Adam) on the public
+    classes, at most max_public public records (null: all)."""
+
+    max_train: int | None = None
+    max_test: int | None = None
+    pretrain_epochs: int = 20
+    pretrain_batch_size: int = 100
+    pretrain_learning_rate: float = 1e-3
+    max_public: int | None = None
+
+    def validate(self, where: str) -> None:
+        for name in ("max_train", "max_test", "max_public"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
+                raise ConfigError(f"{where}.{name} must be an integer >= 2 or null, got {v!r}")
+        if self.pretrain_epochs < 1 or self.pretrain_batch_size < 1:
+            raise ConfigError(f"{where}: pretrain_epochs and pretrain_batch_size must be >= 1")
+        _positive(where, pretrain_learning_rate=self.pretrain_learning_rate)
+
+
+@dataclass(frozen=True)
+class HeatmapSettings:
+    """Fig. 3: smooth-sensitivity bound exp(-beta r) over a grid of the input plane.
+    train_config: the 6-128-2 model's config (relative to the plan); train_overrides change
+    it (recorded); variants: blobs variants, one panel each; the bound is for `noise`
+    calibrated at `epsilon` (cauchy: beta = eps/6; laplace: beta = eps / (2 ln(2/delta)))."""
+
+    train_config: str = "../blobs_mlp.yaml"
+    train_overrides: dict = field(default_factory=dict)
+    variants: tuple = ("separable", "overlapping")
+    grid_points: int = 200
+    grid_limit: float = 3.8
+    epsilon: float = 1.0
+    noise: str = "cauchy"
+    delta: float = 1e-5
+    max_scatter: int = 400
+
+    def validate(self, where: str) -> None:
+        if self.grid_points < 2:
+            raise ConfigError(f"{where}.grid_points must be >= 2, got {self.grid_points}")
+        _positive(where, grid_limit=self.grid_limit, epsilon=self.epsilon)
+        _delta(where, delta=self.delta)
+        if self.noise not in ("cauchy", "laplace"):
+            raise ConfigError(f"{where}.noise must be cauchy or laplace, got {self.noise!r}")
+        for v in self.variants:
+            if v not in ("separable", "overlapping"):
+                raise ConfigError(f"{where}.variants must list separable/overlapping, got {v!r}")
+        if not self.variants:
+            raise ConfigError(f"{where}.variants must not be empty")
+
+
+@dataclass(frozen=True)
+class SingleSettings:
+    """Fig. 2: accuracy vs per-query epsilon for one model. epsilons: list or
+    {logspace: [low, high, count]}; repeats: sampled releases per epsilon (seeded);
+    delta: per-query delta of SS-Laplace; tolerance: 'keeps noise-free accuracy' means
+    expected accuracy >= noise-free accuracy - tolerance."""
+
+    epsilons: Any = None
+    repeats: int = 10
+    delta: float = 1e-5
+    tolerance: float = 0.01
+
+    def validate(self, where: str) -> None:
+        spec = {"logspace": [0.01, 10.0, 20]} if self.epsilons is None else self.epsilons
+        object.__setattr__(self, "epsilons", epsilon_grid(spec, f"{where}.epsilons"))
+        if self.repeats < 1:
+            raise ConfigError(f"{where}.repeats must be >= 1, got {self.repeats}")
+        _delta(where, delta=self.delta)
+        _positive(where, tolerance=self.tolerance)
+
+
+@dataclass(frozen=True)
+class EnsembleSettings:
+    """Fig. 4: accuracy vs ensemble size T at fixed per-query epsilons. Every teacher is
+    trained on the training config's k grid, cut to k < floor(n / T) (its batch), a cut
+    that depends on n and T only. radius_rule: thm5.3 (paper) or tight."""
+
+    teachers: tuple = (1, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60, 65, 70, 75, 80, 85,
+                       90, 95)
+    epsilons: tuple = (1.0, 0.1)
+    delta: float = 1e-5
+    repeats: int = 10
+    radius_rule: str = "thm5.3"
+
+    def validate(self, where: str) -> None:
+        _int_list(where, "teachers", self.teachers, 1)
+        object.__setattr__(self, "epsilons", epsilon_grid(list(self.epsilons), f"{where}.epsilons"))
+        _delta(where, delta=self.delta)
+        if self.repeats < 1:
+            raise ConfigError(f"{where}.repeats must be >= 1")
+        if self.radius_rule not in ("thm5.3", "tight"):
+            raise ConfigError(f"{where}.radius_rule must be thm5.3 or tight")
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    """Fig. 5: accuracy vs number of queries Q under a total (epsilon_total, delta_total);
+    per-query epsilon by the paper's composition ('best' of standard/advanced) and by the
+    tight PLD accountant. SS-Laplace spends delta_total / (2 Q) per query. dpsgd: the
+    DPSGDConfig fields other than the target (trained to the same total); dpsgd_seeds runs."""
+
+    epsilon_total: float = 10.0
+    delta_total: float = 1e-5
+    queries: tuple = (2, 5, 10, 16, 27, 46, 77, 129, 215, 359, 599, 1000)
+    teachers: int = 25
+    repeats: int = 10
+    accountants: tuple = ("best", "tight")
+    dpsgd: dict = field(default_factory=lambda: {"epochs": 10, "batch_size": 500,
+                                                 "learning_rate": 1.0, "max_grad_norm": 1.0,
+                                                 "accountant": "prv"})
+    dpsgd_seeds: int = 3
+
+    def validate(self, where: str) -> None:
+        _positive(where, epsilon_total=self.epsilon_total)
+        _delta(where, delta_total=self.delta_total)
+        _int_list(where, "queries", self.queries, 1)
+        if self.teachers < 1 or self.repeats < 1 or self.dpsgd_seeds < 1:
+            raise ConfigError(f"{where}: teachers, repeats and dpsgd_seeds must be >= 1")
+        for a in self.accountants:
+            if a not in ("standard", "advanced", "best", "tight"):
+                raise ConfigError(f"{where}.accountants: unknown accountant {a!r}")
+        bad = sorted(set(self.dpsgd) & {"target_epsilon", "target_delta", "seed"})
+        if bad:
+            raise ConfigError(f"{where}.dpsgd must not set {bad}: the target is the total "
+                              f"budget and seeds come from the run")
+
+
+@dataclass(frozen=True)
+class KGridSettings:
+    """Fig. 6: tightness of the smooth bound vs the number of k values. Sub-grids of the
+    trained grid with `sizes` values; the bound is for `noise` calibrated at each of
+    `epsilons` (the first one is plotted)."""
+
+    sizes: tuple = (1, 2, 3, 5, 10, 20, 50, 100, 200)
+    epsilons: tuple = (1.0, 0.1)
+    noise: str = "cauchy"
+    delta: float = 1e-5
+
+    def validate(self, where: str) -> None:
+        _int_list(where, "sizes", self.sizes, 1)
+        object.__setattr__(self, "epsilons", epsilon_grid(list(self.epsilons), f"{where}.epsilons"))
+        if self.noise not in ("cauchy", "laplace"):
+            raise ConfigError(f"{where}.noise must be cauchy or laplace")
+        _delta(where, delta=self.delta)
+
+
+@dataclass(frozen=True)
+class TeacherSettings:
+    """Teacher table: label n_public held-out queries within (epsilon_total, delta_total)
+    and train a student on the labels. Public queries: the first max(n_public) records of
+    the test split; the student is evaluated on the remaining test records. main: the
+    n_public of the headline column. student_overrides: training-config keys of the student
+    (a plain nominal model). accountant: composition for the per-query epsilon."""
+
+    epsilon_total: float = 10.0
+    delta_total: float = 1e-5
+    n_public: tuple = (25, 100, 400)
+    main: int = 100
+    teachers: int = 25
+    repeats: int = 5
+    accountant: str = "best"
+    student_overrides: dict = field(default_factory=dict)
+    dpsgd: dict = field(default_factory=lambda: {"epochs": 10, "batch_size": 500,
+                                                 "learning_rate": 1.0, "max_grad_norm": 1.0,
+                                                 "accountant": "prv"})
+    dpsgd_seeds: int = 3
+
+    def validate(self, where: str) -> None:
+        _positive(where, epsilon_total=self.epsilon_total)
+        _delta(where, delta_total=self.delta_total)
+        _int_list(where, "n_public", self.n_public, 1)
+        if self.main not in self.n_public:
+            raise ConfigError(f"{where}.main ({self.main}) must be one of n_public "
+                              f"{list(self.n_public)}")
+        if self.teachers < 1 or self.repeats < 1 or self.dpsgd_seeds < 1:
+            raise ConfigError(f"{where}: teachers, repeats and dpsgd_seeds must be >= 1")
+        if self.accountant not in ("standard", "advanced", "best", "tight"):
+            raise ConfigError(f"{where}.accountant: unknown accountant {self.accountant!r}")
+
+
+SETTINGS_CLASSES = {
+    "heatmap": HeatmapSettings, "single": SingleSettings, "ensembles": EnsembleSettings,
+    "budget": BudgetSettings, "kgrid": KGridSettings, "teacher": TeacherSettings,
+}
+
+
+# ------------------------------------------------------------------------------------------
+# The plan
+
+@dataclass(frozen=True)
+class Plan:
+    dataset: str
+    path: Path
+    quick: bool
+    train_config: Path
+    train_overrides: dict
+    experiments: tuple[str, ...]
+    pipeline: PipelineSettings
+    settings: dict[str, Any]
+    raw: dict = field(repr=False, compare=False)
+
+    def resolve(self, relative: str) -> Path:
+        """A path of the plan (e.g. a config), relative to the plan file."""
+        p = Path(relative).expanduser()
+        return p if p.is_absolute() else (self.path.parent / p).resolve()
+
+    def to_json_dict(self) -> dict[str, Any]:
+        def plain(obj):
+            if dataclasses.is_dataclass(obj):
+                return {k: plain(v) for k, v in dataclasses.asdict(obj).items()}
+            if isinstance(obj, dict):
+                return {k: plain(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return [plain(v) for v in obj]
+            if isinstance(obj, Path):
+                return display_path(obj)
+            return obj
+        return {"dataset": self.dataset, "plan_file": display_path(self.path),
+                "quick": self.quick, "train_config": display_path(self.train_config), "train_overrides": plain(self.train_overrides),
+                "experiments": list(self.experiments), "pipeline": plain(self.pipeline),
+                "settings": {k: plain(v) for k, v in self.settings.items()}}
+
+
+def _merge(base: Mapping, over: Mapping, where: str) -> dict:
+    """Two-level merge for the quick overlay: mappings are merged key by key, other values
+    replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+_TOP_KEYS = {"dataset", "train_config", "train_overrides", "experiments", "pipeline",
+             "settings", "quick"}
+
+
+def load_plan(path: str | Path, quick: bool = False, dataset: str | None = None) -> Plan:
+    """Load and validate a plan file; with `quick`, apply its ``quick:`` overrides."""
+    path = Path(path).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"experiment plan not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the experiment plan {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a YAML mapping (an experiment plan)")
+    unknown = sorted(set(raw) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in {path}; allowed: {', '.join(sorted(_TOP_KEYS))}")
+    name = raw.get("dataset")
+    if name not in DATASETS:
+        raise ConfigError(f"{path}: dataset must be one of {', '.join(DATASETS)}, got {name!r}")
+    if dataset is not None and name != dataset:
+        raise ConfigError(f"{path} is a plan for dataset '{name}', not '{dataset}'")
+    if "train_config" not in raw:
+        raise ConfigError(f"{path}: missing train_config (the AGT config of the private model)")
+    quick_raw = raw.get("quick") or {}
+    if not isinstance(quick_raw, Mapping):
+        raise ConfigError(f"{path}: quick must be a mapping of overrides")
+    bad = sorted(set(quick_raw) - {"pipeline", "train_overrides", "settings", "experiments"})
+    if bad:
+        raise ConfigError(f"{path}: quick may override pipeline, train_overrides, settings and "
+                          f"experiments only, got {bad}")
+    merged = dict(raw)
+    if quick:
+        for key in ("pipeline", "train_overrides"):
+            merged[key] = _merge(raw.get(key) or {}, quick_raw.get(key) or {}, f"quick.{key}")
+        settings = dict(raw.get("settings") or {})
+        for exp, over in (quick_raw.get("settings") or {}).items():
+            settings[exp] = _merge(settings.get(exp) or {}, over or {}, f"quick.settings.{exp}")
+        merged["settings"] = settings
+        if "experiments" in quick_raw:
+            merged["experiments"] = quick_raw["experiments"]
+    experiments = tuple(merged.get("experiments") or ())
+    for e in experiments:
+        if e not in EXPERIMENT_NAMES:
+            raise ConfigError(f"{path}: unknown experiment {e!r}; known: {', '.join(EXPERIMENT_NAMES)}")
+    if "heatmap" in experiments and name != "blobs":
+        raise ConfigError(f"{path}: the heatmap experiment needs the 2-D blobs input plane")
+    settings_raw = merged.get("settings") or {}
+    if not isinstance(settings_raw, Mapping):
+        raise ConfigError(f"{path}: settings must be a mapping (one entry per experiment)")
+    unknown = sorted(set(settings_raw) - set(EXPERIMENT_NAMES))
+    if unknown:
+        raise ConfigError(f"{path}: settings for unknown experiment(s) {unknown}")
+    settings = {e: build_settings(SETTINGS_CLASSES[e], settings_raw.get(e), f"settings.{e}")
+                for e in EXPERIMENT_NAMES if e in experiments}
+    overrides = merged.get("train_overrides") or {}
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"{path}: train_overrides must be a mapping of training-config keys")
+    plan = Plan(dataset=name, path=path, quick=quick, train_config=Path("."),
+                train_overrides=dict(overrides), experiments=experiments,
+                pipeline=build_settings(PipelineSettings, merged.get("pipeline"), "pipeline"),
+                settings=settings, raw=merged)
+    return dataclasses.replace(plan, train_config=plan.resolve(str(raw["train_config"])))

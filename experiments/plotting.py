@@ -1,0 +1,46 @@
+"""Shared plot style of the experiments (matplotlib, Agg backend): one colour and line style
+per mechanism, so the same mechanism looks the same in every figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+STYLE = {
+    "nonprivate": {"color": "0.45", "linestyle": "--", "label": "non-private"},
+    "gs": {"color": "tab:red", "label": "GS (Laplace, global sensitivity)"},
+    "ss-cauchy": {"color": "tab:green", "label": "SS (Cauchy, eps-DP)"},
+    "ss-laplace": {"color": "tab:blue", "label": "SS (Laplace, (eps, delta)-DP)"},
+    "ptr": {"color": "tab:orange", "label": "PTR (no answer counts as wrong)"},
+    "ptr+gs": {"color": "tab:purple", "label": "PTR, GS fallback (paper)"},
+    "dp-sgd": {"color": "black", "linestyle": "-.", "label": "DP-SGD (private training)"},
+}
+
+ENSEMBLE_LABELS = {
+    "gs": "GS noisy argmax (Laplace on votes)",
+    "ss-cauchy": "SS ensemble (Cauchy)",
+    "ss-laplace": "SS ensemble (Laplace)",
+    "ptr": "PTR (no answer counts as wrong)",
+    "ptr+gs": "PTR, GS fallback (paper)",
+}
+
+
+def style(key: str, **changes) -> dict:
+    s = dict(STYLE[key])
+    s.update(changes)
+    return s
+
+
+def save(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+__all__ = ["plt", "STYLE", "ENSEMBLE_LABELS", "style", "save"]
