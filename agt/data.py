@@ -36,7 +36,7 @@ imdb (``imdb_embeddings.npz``)
     Pre-computed review embeddings: ``x_train`` (n, 768) float, ``y_train`` (n,) in {0, 1}
     (1 = positive review), ``x_test`` (m, 768) float, ``y_test`` (m,) in {0, 1}. Each row is
     the mean over tokens of GPT-2's last hidden states for one review (768-d). Produce it with
-    ``python -m agt.embed_imdb --out DIR/imdb_embeddings.npz`` (see README section Data).
+    ``python -m agt.embed_imdb --reviews aclImdb --out DIR/imdb_embeddings.npz`` (see README section Data).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ _OCTMNIST_HINT = (
 )
 _IMDB_HINT = (
     "produce it by embedding the IMDB reviews with GPT-2 via `transformers` (mean of the last "
-    "hidden states, 768-d): `python -m agt.embed_imdb --out DIR/imdb_embeddings.npz` (see "
+    "hidden states, 768-d): `python -m agt.embed_imdb --reviews aclImdb --out DIR/imdb_embeddings.npz` (see "
     "README section Data), then pass --data-dir DIR or set data.options.data_dir"
 )
 
