@@ -263,6 +263,12 @@ class EnsembleSettings:
             raise ConfigError(f"{where}.radius_rule must be thm5.3 or tight")
 
 
+def _default_dpsgd() -> dict:
+    """DP-SGD settings of the budget and teacher experiments (the target is the total budget)."""
+    return {"epochs": 10, "batch_size": 500, "learning_rate": 1.0, "max_grad_norm": 1.0,
+            "accountant": "prv"}
+
+
 @dataclass(frozen=True)
 class BudgetSettings:
     """Fig. 5: accuracy vs number of queries Q under a total (epsilon_total, delta_total);
@@ -276,9 +282,7 @@ class BudgetSettings:
     teachers: int = 25
     repeats: int = 10
     accountants: tuple = ("best", "tight")
-    dpsgd: dict = field(default_factory=lambda: {"epochs": 10, "batch_size": 500,
-                                                 "learning_rate": 1.0, "max_grad_norm": 1.0,
-                                                 "accountant": "prv"})
+    dpsgd: dict = field(default_factory=_default_dpsgd)
     dpsgd_seeds: int = 3
 
     def validate(self, where: str) -> None:
@@ -331,9 +335,7 @@ class TeacherSettings:
     repeats: int = 5
     accountant: str = "best"
     student_overrides: dict = field(default_factory=dict)
-    dpsgd: dict = field(default_factory=lambda: {"epochs": 10, "batch_size": 500,
-                                                 "learning_rate": 1.0, "max_grad_norm": 1.0,
-                                                 "accountant": "prv"})
+    dpsgd: dict = field(default_factory=_default_dpsgd)
     dpsgd_seeds: int = 3
 
     def validate(self, where: str) -> None:

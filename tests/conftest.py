@@ -5,3 +5,16 @@ import os
 # OpenMP threads that spin while waiting make tiny tensor ops hundreds of times slower when
 # another process holds the other core; a passive wait policy avoids that.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: intra-op threads only add contention (and make timings erratic)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -76,13 +76,7 @@ GRAD_RTOL = {F64: 1e-10, F32: 1e-4}
 
 # ------------------------------------------------------------------------------ helpers
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention (and make timings erratic)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _gen(seed: int) -> torch.Generator:

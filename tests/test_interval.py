@@ -41,13 +41,7 @@ SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=
 
 # ------------------------------------------------------------------------------ helpers
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention (and make timings erratic)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _gen(seed: int) -> torch.Generator:
