@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agt.errors import ConfigError, DataError
+from agt.errors import ConfigError
 
 MECHANISMS = ("gs", "ss-laplace", "ss-cauchy")
 
@@ -48,13 +48,6 @@ def choose_relation(bundle_relations, requested: str | None) -> str:
     return "add-remove" if "add-remove" in bundle_relations else bundle_relations[0]
 
 
-def binary_predictions(certifier) -> None:
-    n = certifier.n_logits
-    if n > 2:
-        raise DataError(f"the release mechanisms are for binary classification; this model has "
-                        f"{n} classes")
-
-
 def cmd_predict(args) -> int:
     from agt.certify import Certifier
     from agt.data import load_npz_queries
@@ -70,7 +63,7 @@ def cmd_predict(args) -> int:
     bundle = read_bundle(args.bounds)
     x, _ = load_npz_queries(args.data, split=args.split)
     certifier = Certifier(bundle)
-    binary_predictions(certifier)
+    bundle.spec.require_binary(f"bundle {bundle.path}")
     relation = choose_relation(bundle.relations, args.relation)
     if args.mechanism == "gs":
         cert = None

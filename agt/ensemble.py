@@ -49,7 +49,7 @@ from agt import __version__
 from agt.certify import Certifier
 from agt.config import TrainConfig
 from agt.data import Dataset, validate_dataset
-from agt.errors import BundleError, ConfigError, DataError
+from agt.errors import BundleError, ConfigError
 from agt.store import Bundle, from_result, read_bundle, write_bundle
 from agt.training import REPLACE, train
 
@@ -439,18 +439,11 @@ class EnsembleCertificate:
         raise ConfigError(f"radius rule must be thm5.3 or tight, got {rule!r}")
 
 
-def _check_binary(spec, where: str) -> None:
-    n = spec.n_logits
-    if n > 2:
-        raise DataError(f"{where}: the ensemble mechanisms are for binary labels; this model "
-                        f"has {n} classes")
-
-
 class EnsembleCertifier:
     """Certify queries against every teacher (agt/certify.py) and aggregate the votes."""
 
     def __init__(self, ensemble: Ensemble, device: str = "cpu"):
-        _check_binary(ensemble.spec, f"ensemble {ensemble.path or '(in memory)'}")
+        ensemble.spec.require_binary(f"ensemble {ensemble.path or '(in memory)'}")
         self.ensemble = ensemble
         self.certifiers = [Certifier(b, device=device) for b in ensemble.bundles]
 

@@ -13,13 +13,13 @@ Parameter names follow ``nn.Sequential(...).state_dict()``: ``"<layer index>.wei
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from agt.errors import ConfigError
+from agt.errors import ConfigError, DataError
 
 LAYER_KINDS = ("linear", "conv2d", "relu", "flatten")
 _LAYER_KEYS = {
@@ -149,6 +149,12 @@ class ModelSpec:
     def n_logits(self) -> int:
         return infer_shapes(self.layers, self.require_input_shape())[-1][0]
 
+    def require_binary(self, where: str) -> None:
+        """The release mechanisms (single model and ensembles) are for binary labels."""
+        if self.n_logits > 2:
+            raise DataError(f"{where}: the release mechanisms are for binary labels; this model "
+                            f"has {self.n_logits} classes")
+
     def require_input_shape(self) -> tuple[int, ...]:
         if self.input_shape is None:
             raise ConfigError("model input shape unknown (internal: call with_input_shape)")
@@ -233,8 +239,4 @@ def init_params(spec: ModelSpec, seed: int, dtype: torch.dtype) -> dict[str, tor
     return {k: v.detach().to(dtype).clone() for k, v in module.state_dict().items()}
 
 
-def spec_dict(spec: ModelSpec) -> dict[str, Any]:
-    return json.loads(spec.to_json())
-
-
-__all__ = ["LayerSpec", "ModelSpec", "init_params", "infer_shapes", "build_module", "asdict"]
+__all__ = ["LayerSpec", "ModelSpec", "init_params", "infer_shapes", "build_module"]
