@@ -9,10 +9,16 @@ lower bound (tighter than comparing separate logit intervals). Logit boxes are w
 the rounding of the served float computation, so "certified" speaks about the model the
 served code would compute on any dataset within distance k.
 
-Smooth radius r (what the mechanisms use, DESIGN.md "The smooth bound must itself be
-smooth"): on a contiguous grid {0, 1, ..., K} r = k*; on a sparse grid r is the *index* j of
-the largest certified grid value g_j. Stability at distance 0 holds trivially, so r >= 0
-even when the k = 0 box does not certify (then k* is reported as -1).
+Stability radius r (what the mechanisms spend, DESIGN.md "The smooth bound must itself be
+smooth"): the *index* j of the largest certified grid value g_j (agt/kgrid.py): k* itself on
+a contiguous grid {0, 1, ..., K}, and -1 (like k*) where not even the k = 0 box certifies.
+It drops by at most 1 between neighbouring datasets when the bounds come from a selection
+rule with a nesting proof (`Certificate.smooth_radii`).
+
+A Certificate is owner-only (radii are deterministic functions of the private data); it
+carries the provenance a release needs (the protected dataset's hash, the relations the
+bounds hold under, whether the radii are smooth), and `mechanisms.Certified.from_certificate`
+turns it into the inputs of `Ledger.release`, the only way to a released label.
 
 Search: boxes are nested in k (validated on load), so certification is monotone in k and a
 binary search over the grid per query finds k* in O(log K) interval passes; a linear scan
@@ -26,22 +32,30 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from agt.bounded.layers import rule_for
 from agt.bounded.network import Network
 from agt.errors import BundleError, DataError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
 from agt import interval as iv
 from agt.store import Bundle
+from agt.tensors import predicted_classes, torch_dtype
 
 _QUERY_ELEMENTS = 1 << 23
 
 
 @dataclass(frozen=True)
 class Certificate:
-    prediction: np.ndarray          # (Q,) int64: the released nominal class
-    max_certified_k: np.ndarray     # (Q,) int64: largest certified grid value, -1 if none
-    radius: np.ndarray              # (Q,) int64: smooth radius (k* or grid index)
+    prediction: np.ndarray          # (Q,) int64: the served nominal model's class
+    max_certified_k: np.ndarray | None   # (Q,) int64: largest certified grid value, -1 if none
+    radius: np.ndarray | None       # (Q,) int64: stability radius (grid index, -1 if none)
     k_values: tuple[int, ...]
     contiguous: bool
+    n_classes: int = 2
+    source_id: str = ""             # the bundle's id
+    dataset_sha256: str = ""        # the private dataset releases from it spend privacy of
+    relations: tuple[str, ...] = ("replace-one",)
+    smooth_radii: bool = True       # radii from a selection rule with a nesting proof
+    selection: str = "exact"
 
     def certified_fraction(self) -> dict[int, float]:
         """Fraction of queries certified at each k of the grid."""
@@ -55,10 +69,10 @@ class Certifier:
         self.bundle = bundle
         self.device = torch.device(device)
         self.spec = bundle.spec
-        self.dtype = {"float32": torch.float32, "float64": torch.float64}[bundle.dtype]
+        self.dtype = torch_dtype(bundle.dtype)
         self.fm = FloatModel(self.dtype)
         self.k_values = tuple(bundle.k_values)
-        self.contiguous = self.k_values == tuple(range(len(self.k_values)))
+        self.contiguous = bundle.k_grid.contiguous
         if served is not None:
             check_served_model(bundle, served)
         self.nominal = {k: v.to(self.device, self.dtype) for k, v in bundle.nominal.items()}
@@ -90,12 +104,7 @@ class Certifier:
         xq = self._check_queries(x)
         with torch.no_grad():
             z, _ = self.full.forward_nominal(self.nominal, xq)
-        return self._classes(z).cpu().numpy()
-
-    def _classes(self, z: torch.Tensor) -> torch.Tensor:
-        if self.n_logits == 1:
-            return (z[:, 0] > 0).to(torch.int64)
-        return z.argmax(dim=-1)
+        return predicted_classes(z).cpu().numpy()
 
     def _features(self, xq: torch.Tensor):
         """Inputs of the trainable part for the bound pass: exact, or a widened Interval
@@ -119,7 +128,6 @@ class Certifier:
             x_box = Interval.exact(feats.unsqueeze(1))
         h = x_box
         for idx, layer in enumerate(self.body.layers):
-            from agt.bounded.layers import rule_for
             gidx = self.body.first + idx
             lp = {s: params[f"{gidx}.{s}"] for s in ("weight", "bias") if f"{gidx}.{s}" in params}
             h, _ = rule_for(layer).forward_bounds(layer, lp, h, self.fm)
@@ -156,12 +164,16 @@ class Certifier:
         return max(1, _QUERY_ELEMENTS // width)
 
     # -- public ---------------------------------------------------------------------------
-    def certify(self, x) -> Certificate:
-        """Binary search for the largest certified box per query."""
+    def certify(self, x, radii: bool = True) -> Certificate:
+        """Binary search for the largest certified box per query. ``radii=False``: the
+        nominal predictions only (radius and max_certified_k are None), for releases that
+        spend no radius."""
         xq = self._check_queries(x)
         with torch.no_grad():
             z, _ = self.full.forward_nominal(self.nominal, xq)
-            pred = self._classes(z)
+            pred = predicted_classes(z)
+            if not radii:
+                return self._finish(pred, None)
             best = torch.full((xq.shape[0],), -1, dtype=torch.int64, device=self.device)
             step = self._query_chunk()
             K = len(self.k_values)
@@ -187,7 +199,7 @@ class Certifier:
         xq = self._check_queries(x)
         with torch.no_grad():
             z, _ = self.full.forward_nominal(self.nominal, xq)
-            pred = self._classes(z)
+            pred = predicted_classes(z)
             feats = self._features(xq)
             alive = torch.ones_like(pred, dtype=torch.bool)
             best = torch.full_like(pred, -1)
@@ -197,16 +209,17 @@ class Certifier:
                 alive = ok
         return self._finish(pred, best)
 
-    def _finish(self, pred: torch.Tensor, best_index: torch.Tensor) -> Certificate:
-        idx = best_index.cpu().numpy()
-        kv = np.asarray(self.k_values, dtype=np.int64)
-        max_k = np.where(idx >= 0, kv[np.clip(idx, 0, None)], -1)
-        if self.contiguous:
-            radius = np.maximum(max_k, 0)
-        else:
-            radius = np.maximum(idx, 0)
-        return Certificate(pred.cpu().numpy(), max_k.astype(np.int64), radius.astype(np.int64),
-                           self.k_values, self.contiguous)
+    def _finish(self, pred: torch.Tensor, best_index: torch.Tensor | None) -> Certificate:
+        idx = max_k = None
+        if best_index is not None:
+            idx = best_index.cpu().numpy().astype(np.int64)
+            kv = np.asarray(self.k_values, dtype=np.int64)
+            max_k = np.where(idx >= 0, kv[np.clip(idx, 0, None)], -1).astype(np.int64)
+        b = self.bundle
+        return Certificate(pred.cpu().numpy(), max_k, idx, self.k_values,
+                           self.contiguous, self.spec.n_classes, b.bundle_id,
+                           b.protected_dataset_sha256, tuple(b.relations), b.smooth_radii,
+                           b.selection)
 
 
 def check_served_model(bundle: Bundle, served) -> None:

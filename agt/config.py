@@ -1,7 +1,16 @@
-"""Training configuration: one flat YAML mapping, loaded into a frozen, validated dataclass.
+"""Training configuration: one flat mapping (YAML or Python keywords), loaded into a frozen,
+validated dataclass.
 
-Unknown keys and impossible values are `ConfigError`s that name the key. Derived values
-(the resolved k grid, the input shape) live in the bundle, never in a mutated config.
+Every problem of a config (unknown keys, wrong types, impossible values) is collected and
+raised as one `ConfigError` naming the keys. Derived values (the resolved k grid, the input
+shape) live in the bundle, never in a mutated config. From Python, `TrainConfig.create(
+model=nn.Sequential(...) or ModelSpec, loss=..., **settings)` builds one; the ``data`` section
+is needed only when the CLI loads the data itself.
+
+``batch_size: full`` trains on the whole dataset as one batch whatever its size: the nominal
+rule on a neighbour with one record more or less is then still one batch with the mean over
+the actual size, and the bundle certifies add-remove as well as replace-one (agt/training.py).
+An integer batch size certifies add-remove only when it is at least n + max(k).
 """
 
 from __future__ import annotations
@@ -9,14 +18,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from agt.errors import ConfigError
+from agt.errors import ConfigError, Problems
+from agt.kgrid import KGrid
 from agt.models import ModelSpec
 
 LOSSES = ("binary_cross_entropy", "cross_entropy")
@@ -24,43 +33,18 @@ OPTIMIZERS = ("sgd", "sgdm")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "float64")
 SELECTIONS = ("exact", "threshold")
+#: selection rules whose boxes provably nest (box(D', k-1) inside box(D, k)): their radii
+#: satisfy r(D') >= r(D) - 1 and may feed smooth-sensitivity releases (agt/topk.py)
+SMOOTH_SELECTIONS = ("exact",)
+FULL = "full"
+MAX_SEED = 2**32
+MAX_EPOCHS = 100_000
+MAX_BATCH = 10**9
 
 
 def parse_k_values(spec: Any) -> tuple[int, ...]:
-    """Parse a k grid: a list of ints, or a string like ``"0..199"``, ``"0,1,2,5"`` or
-    ``"0..10,20,50"``. Returns the sorted unique values; 0 is always included (the nominal
-    model is the k = 0 member of every grid)."""
-    values: list[int] = []
-    if isinstance(spec, numbers.Integral) and not isinstance(spec, bool):
-        values = [int(spec)]
-    elif isinstance(spec, (list, tuple)):
-        for v in spec:
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise ConfigError(f"k_values entries must be integers, got {v!r}")
-            values.append(int(v))
-    elif isinstance(spec, str):
-        for part in spec.replace(" ", "").split(","):
-            if not part:
-                continue
-            m = re.fullmatch(r"(\d+)\.\.(\d+)(?::(\d+))?", part)
-            if m:
-                a, b, step = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)
-                if b < a or step < 1:
-                    raise ConfigError(f"k_values range '{part}' is empty; write low..high")
-                values.extend(range(a, b + 1, step))
-            elif re.fullmatch(r"\d+", part):
-                values.append(int(part))
-            else:
-                raise ConfigError(f"k_values: cannot parse '{part}'; use e.g. '0..199' or "
-                                  f"'0,1,2,5,10'")
-    else:
-        raise ConfigError(f"k_values must be a list of integers or a string like '0..199', "
-                          f"got {spec!r}")
-    if not values:
-        raise ConfigError("k_values is empty; give e.g. '0..199' or [0, 1, 2, 5]")
-    if any(v < 0 for v in values):
-        raise ConfigError("k_values must be non-negative")
-    return tuple(sorted(set(values) | {0}))
+    """The k grid of a spec (see `agt.kgrid.KGrid.parse`) as a tuple."""
+    return KGrid.parse(spec).values
 
 
 @dataclass(frozen=True)
@@ -69,21 +53,23 @@ class DataSpec:
     options: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
-    def from_config(value: Any) -> "DataSpec":
+    def from_config(value: Any, problems: Problems) -> "DataSpec | None":
+        if value is None:
+            return None
         if isinstance(value, str):
             return DataSpec(value, {})
         if not isinstance(value, dict) or "name" not in value:
-            raise ConfigError("data must be a mapping with a 'name' (blobs, npz, octmnist, "
-                              "imdb) and its options, e.g. {name: blobs}")
-        opts = {k: v for k, v in value.items() if k != "name"}
-        return DataSpec(str(value["name"]), opts)
+            problems.add("data must be a mapping with a 'name' (blobs, npz, octmnist, imdb) and "
+                         "its options, e.g. {name: blobs}")
+            return None
+        return DataSpec(str(value["name"]), {k: v for k, v in value.items() if k != "name"})
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     model: ModelSpec
     loss: str
-    data: DataSpec
+    data: DataSpec | None = None
     optimizer: str = "sgd"
     learning_rate: float = 0.1
     lr_decay: float = 0.0
@@ -93,10 +79,10 @@ class TrainConfig:
     nesterov: bool = False
     l2_reg: float = 0.0
     n_epochs: int = 1
-    batch_size: int = 1_000_000_000
+    batch_size: int | str = FULL
     clip_gamma: float = 1.0
     seed: int = 0
-    k_values: tuple[int, ...] = (0,)
+    k_values: KGrid = KGrid((0,))
     fragment_size: int = 10_000
     device: str = "auto"
     dtype: str = "float64"
@@ -106,9 +92,34 @@ class TrainConfig:
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------------------
+    @staticmethod
+    def create(model, loss: str, **settings: Any) -> "TrainConfig":
+        """A validated config from Python: `model` is an ``nn.Sequential`` of supported layers,
+        a `ModelSpec` or the YAML list of layers; `settings` are the config keys."""
+        if isinstance(model, ModelSpec):
+            layers = model.to_config()
+            settings.setdefault("frozen_layers", model.frozen_layers)
+        elif isinstance(model, list):
+            layers = model
+        else:
+            spec = ModelSpec.from_module(model)
+            layers = spec.to_config()
+        if "k_values" in settings and not isinstance(settings["k_values"], (str, int)):
+            settings["k_values"] = list(settings["k_values"])
+        return config_from_dict({"model": layers, "loss": loss, **settings})
+
     def learning_rate_at(self, step: int) -> float:
         """lr_t = max(lr / (1 + lr_decay * t), lr_min), t the step index from 0."""
         return max(self.learning_rate / (1.0 + self.lr_decay * step), self.lr_min)
+
+    @property
+    def full_batch(self) -> bool:
+        """True for ``batch_size: full``: one batch of the whole dataset, whatever its size."""
+        return self.batch_size == FULL
+
+    def batch_for(self, n: int) -> int:
+        """The size of the first batch on n records (every batch but the last)."""
+        return n if self.full_batch else min(int(self.batch_size), n)
 
     def to_json_dict(self) -> dict[str, Any]:
         out = dict(self.raw)
@@ -119,99 +130,141 @@ class TrainConfig:
         """A new validated config with some keys changed (configs are never mutated)."""
         raw = dict(self.raw)
         for key, value in changes.items():
-            raw[key] = list(value) if isinstance(value, tuple) else value
+            raw[key] = list(value) if isinstance(value, (tuple, KGrid)) else value
         return config_from_dict(raw)
 
 
 _FIELDS = {f.name for f in dataclasses.fields(TrainConfig)} - {"raw"}
 
 
-def _number(raw: dict, key: str, default: float, *, low: float | None = None,
-            high: float | None = None, low_open: bool = False) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, str):
-        # YAML 1.1 reads 1e-3 (no dot) as a string; accept plain numeric strings.
-        try:
-            value = float(value)
-        except ValueError:
-            raise ConfigError(f"{key} must be a finite number, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{key} must be a finite number, got {value!r}")
-    value = float(value)
-    if low is not None and (value < low or (low_open and value == low)):
-        raise ConfigError(f"{key} must be {'>' if low_open else '>='} {low}, got {value}")
-    if high is not None and value > high:
-        raise ConfigError(f"{key} must be <= {high}, got {value}")
-    return value
+class _Reader:
+    """Typed reads of a raw config mapping; problems are collected, defaults returned."""
 
+    def __init__(self, raw: dict, problems: Problems):
+        self.raw = raw
+        self.problems = problems
 
-def _integer(raw: dict, key: str, default: int, low: int) -> int:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
-    return value
+    def number(self, key: str, default: float, *, low: float | None = None,
+               high: float | None = None, low_open: bool = False) -> float:
+        value = self.raw.get(key, default)
+        if isinstance(value, str):
+            # YAML 1.1 reads 1e-3 (no dot) as a string; accept plain numeric strings.
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value):
+            self.problems.add(f"{key} must be a finite number, got {value!r}")
+            return default
+        value = float(value)
+        if low is not None and (value < low or (low_open and value == low)):
+            self.problems.add(f"{key} must be {'>' if low_open else '>='} {low}, got {value}")
+            return default
+        if high is not None and value > high:
+            self.problems.add(f"{key} must be <= {high}, got {value}")
+            return default
+        return value
 
+    def integer(self, key: str, default: int, low: int, high: int) -> int:
+        value = self.raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+                or not low <= value < high:
+            self.problems.add(f"{key} must be an integer in [{low}, {high}), got {value!r}")
+            return default
+        return int(value)
 
-def _choice(raw: dict, key: str, default: str, choices: tuple[str, ...]) -> str:
-    value = raw.get(key, default)
-    if value not in choices:
-        raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
-    return value
+    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.raw.get(key, default)
+        if value not in choices:
+            self.problems.add(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+            return default
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.raw.get(key, default)
+        if not isinstance(value, bool):
+            self.problems.add(f"{key} must be true or false, got {value!r}")
+            return default
+        return value
 
 
 def config_from_dict(raw: Any) -> TrainConfig:
+    """Validate a raw config mapping; one ConfigError names every problem."""
     if not isinstance(raw, dict):
-        raise ConfigError("the config must be a YAML mapping of keys to values")
+        raise ConfigError("the config must be a mapping of keys to values")
+    problems = Problems(kind=ConfigError)
     unknown = set(raw) - _FIELDS
     if unknown:
-        raise ConfigError(f"unknown config key(s) {sorted(unknown)}; allowed keys: "
-                          f"{', '.join(sorted(_FIELDS))}")
-    for key in ("model", "loss", "data"):
+        problems.add(f"unknown config key(s) {sorted(unknown)}; allowed keys: "
+                     f"{', '.join(sorted(_FIELDS))}")
+    for key in ("model", "loss"):
         if key not in raw:
-            raise ConfigError(f"missing required config key '{key}'")
+            problems.add(f"missing required config key '{key}'")
+    r = _Reader(raw, problems)
     frozen = raw.get("frozen_layers", 0)
-    model = ModelSpec.from_config(raw["model"], frozen)
-    loss = _choice(raw, "loss", "", LOSSES)
-    optimizer = _choice(raw, "optimizer", "sgd", OPTIMIZERS)
-    lr = _number(raw, "learning_rate", 0.1, low=0.0, low_open=True)
-    lr_decay = _number(raw, "lr_decay", 0.0, low=0.0)
-    lr_min = _number(raw, "lr_min", 0.0, low=0.0)
+    model = None
+    if "model" in raw:
+        try:
+            model = ModelSpec.from_config(raw["model"], frozen)
+        except ConfigError as exc:
+            problems.add(str(exc))
+    loss = r.choice("loss", LOSSES[0], LOSSES) if "loss" in raw else LOSSES[0]
+    optimizer = r.choice("optimizer", "sgd", OPTIMIZERS)
+    lr = r.number("learning_rate", 0.1, low=0.0, low_open=True)
+    lr_decay = r.number("lr_decay", 0.0, low=0.0)
+    lr_min = r.number("lr_min", 0.0, low=0.0)
     if lr_min > lr:
-        raise ConfigError(f"lr_min ({lr_min}) must not exceed learning_rate ({lr})")
-    momentum = _number(raw, "momentum", 0.0, low=0.0, high=1.0)
-    dampening = _number(raw, "dampening", 0.0, low=0.0, high=1.0)
-    nesterov = raw.get("nesterov", False)
-    if not isinstance(nesterov, bool):
-        raise ConfigError(f"nesterov must be true or false, got {nesterov!r}")
+        problems.add(f"lr_min ({lr_min}) must not exceed learning_rate ({lr})")
+    momentum = r.number("momentum", 0.0, low=0.0, high=1.0)
+    dampening = r.number("dampening", 0.0, low=0.0, high=1.0)
+    nesterov = r.boolean("nesterov", False)
     if optimizer == "sgd" and (momentum != 0.0 or nesterov or dampening != 0.0):
-        raise ConfigError("momentum, dampening and nesterov need optimizer: sgdm")
+        problems.add("momentum, dampening and nesterov need optimizer: sgdm")
     if nesterov and (momentum <= 0.0 or dampening != 0.0):
-        raise ConfigError("nesterov needs momentum > 0 and dampening = 0 (PyTorch semantics)")
-    l2 = _number(raw, "l2_reg", 0.0, low=0.0)
+        problems.add("nesterov needs momentum > 0 and dampening = 0 (PyTorch semantics)")
+    if optimizer == "sgdm" and momentum == 0.0 and dampening != 0.0:
+        problems.add("dampening without momentum: torch.optim.SGD ignores dampening when "
+                     "momentum is 0; set dampening: 0 or momentum > 0")
+    l2 = r.number("l2_reg", 0.0, low=0.0)
     if lr * l2 > 1.0:
-        raise ConfigError(f"learning_rate * l2_reg must be <= 1 for a sound and monotone "
-                          f"interval update, got {lr} * {l2} = {lr * l2}")
-    gamma_ = _number(raw, "clip_gamma", 1.0, low=0.0, low_open=True)
-    batch = _integer(raw, "batch_size", 1_000_000_000, 1)
-    fragment = _integer(raw, "fragment_size", 10_000, 1)
-    k_values = parse_k_values(raw.get("k_values", [0]))
+        problems.add(f"learning_rate * l2_reg must be <= 1 for a sound and monotone interval "
+                     f"update, got {lr} * {l2} = {lr * l2}")
+    gamma_ = r.number("clip_gamma", 1.0, low=0.0, low_open=True)
+    batch = raw.get("batch_size", FULL)
+    if batch != FULL:
+        batch = r.integer("batch_size", FULL, 1, MAX_BATCH + 1)
+    fragment = r.integer("fragment_size", 10_000, 1, MAX_BATCH + 1)
+    k_grid = KGrid((0,))
+    try:
+        k_grid = KGrid.parse(raw.get("k_values", [0]))
+    except ConfigError as exc:
+        problems.add(str(exc))
     pretrained = raw.get("pretrained")
-    if pretrained is not None and not isinstance(pretrained, str):
-        raise ConfigError(f"pretrained must be a path to a .pt or .npz state dict, got {pretrained!r}")
+    if pretrained is not None and (not isinstance(pretrained, str) or not pretrained):
+        problems.add(f"pretrained must be a path to a .pt or .npz state dict, got {pretrained!r}")
+        pretrained = None
+    data = DataSpec.from_config(raw.get("data"), problems)
+    epochs = r.integer("n_epochs", 1, 1, MAX_EPOCHS + 1)
+    seed = r.integer("seed", 0, 0, MAX_SEED)
+    device = r.choice("device", "auto", DEVICES)
+    dtype = r.choice("dtype", "float64", DTYPES)
+    selection = r.choice("selection", "exact", SELECTIONS)
+    problems.raise_if_any()
     clean = dict(raw)
-    clean["k_values"] = list(k_values)
+    clean["k_values"] = list(k_grid)
     return TrainConfig(
-        model=model, loss=loss, data=DataSpec.from_config(raw["data"]), optimizer=optimizer,
-        learning_rate=lr, lr_decay=lr_decay, lr_min=lr_min, momentum=momentum,
-        dampening=dampening, nesterov=nesterov, l2_reg=l2,
-        n_epochs=_integer(raw, "n_epochs", 1, 1), batch_size=batch, clip_gamma=gamma_,
-        seed=_integer(raw, "seed", 0, 0), k_values=k_values, fragment_size=fragment,
-        device=_choice(raw, "device", "auto", DEVICES), dtype=_choice(raw, "dtype", "float64", DTYPES),
-        frozen_layers=frozen, pretrained=pretrained,
-        selection=_choice(raw, "selection", "exact", SELECTIONS), raw=clean)
+        model=model, loss=loss, data=data, optimizer=optimizer, learning_rate=lr,
+        lr_decay=lr_decay, lr_min=lr_min, momentum=momentum, dampening=dampening,
+        nesterov=nesterov, l2_reg=l2, n_epochs=epochs, batch_size=batch, clip_gamma=gamma_,
+        seed=seed, k_values=k_grid, fragment_size=fragment, device=device, dtype=dtype,
+        frozen_layers=model.frozen_layers, pretrained=pretrained, selection=selection,
+        raw=clean)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read a YAML config; relative paths inside it (``data.path``, ``data.data_dir``,
+    ``pretrained``) resolve against the config file's folder."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -219,6 +272,8 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not a UTF-8 text file; is it a YAML config?") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path} ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -229,4 +284,8 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
                           f"{type(raw).__name__}")
     if overrides:
         raw = {**raw, **overrides}
+    base = path.resolve().parent
+    pretrained = raw.get("pretrained")
+    if isinstance(pretrained, str) and pretrained and not Path(pretrained).expanduser().is_absolute():
+        raw = {**raw, "pretrained": str(base / Path(pretrained).expanduser())}
     return config_from_dict(raw)

@@ -24,10 +24,15 @@ format of agt/store.py) and ``manifest.json``::
      "k_values": [...], "relations": ["replace-one"], "config": {...},
      "dataset_sha256": <sha of the whole training split>, "created": ..., "agt_version": ...}
 
+Teacher bundles certify replace-one only (whatever their own training would allow: adding a
+record to the whole dataset shifts the partition) and name their parent ensemble (its
+dataset hash, T, the teacher's index), so a teacher used on its own spends the privacy of the
+whole training split.
+
 `read_ensemble` checks the manifest and every bundle against it and reports all problems in
-one `BundleError`. `EnsembleCertifier` returns, per query, every teacher's vote and smooth
-radius, the vote counts, the ensemble answer (ties -> class 0) and the ensemble radius
-(mechanisms/ensemble.py has the maths). Binary tasks only.
+one `BundleError`. `EnsembleCertifier` returns, per query, every teacher's vote and
+stability radius (owner-only); vote counting, the ensemble answer and the ensemble radius
+(AGT Thm 5.3) live in mechanisms/ensemble.py beside their proofs.
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ import datetime as _dt
 import hashlib
 import json
 import re
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +54,7 @@ from agt.certify import Certifier
 from agt.config import TrainConfig
 from agt.data import Dataset, validate_dataset
 from agt.errors import BundleError, ConfigError
+from agt.io import atomic_directory
 from agt.store import Bundle, from_result, read_bundle, write_bundle
 from agt.training import REPLACE, train
 
@@ -95,6 +100,12 @@ def teacher_dataset(ds: Dataset, t: int, n_teachers: int) -> Dataset:
                    ds.x_test, ds.y_test, ds.n_classes, meta)
 
 
+def teacher_parent(dataset_sha256: str, n_teachers: int, teacher: int) -> dict:
+    """The record a teacher bundle keeps of its ensemble."""
+    return {"dataset_sha256": dataset_sha256, "n_teachers": int(n_teachers),
+            "teacher": int(teacher), "partition": PARTITION_RULE}
+
+
 def _check_count(n_teachers: object, n_train: int) -> None:
     if isinstance(n_teachers, bool) or not isinstance(n_teachers, (int, np.integer)) \
             or n_teachers < 1:
@@ -109,14 +120,11 @@ def check_ensemble_plan(cfg: TrainConfig, n_train: int, n_teachers: int) -> None
     batch size): checked before any teacher is trained."""
     _check_count(n_teachers, n_train)
     smallest = min(part_sizes(n_train, n_teachers))
-    batch = min(cfg.batch_size, smallest)
-    k_max = max(cfg.k_values)
-    if k_max >= batch:
-        raise ConfigError(
-            f"k value {k_max} must be smaller than every teacher's batch: T = {n_teachers} "
-            f"parts of {n_train} records have {smallest} records at least and batch_size is "
-            f"{cfg.batch_size}, so batches can be as small as {batch}; use k values up to "
-            f"{batch - 1} (e.g. --k-values 0..{batch - 1}) or fewer teachers")
+    batch = cfg.batch_for(smallest)
+    cfg.k_values.require_below(
+        batch, "every teacher's batch size",
+        f" (T = {n_teachers} parts of {n_train} records have {smallest} records at least, "
+        f"batch_size {cfg.batch_size}; or use fewer teachers)")
 
 
 # ------------------------------------------------------------------------------------------
@@ -178,67 +186,61 @@ def train_ensemble(cfg: TrainConfig, ds: Dataset, n_teachers: int, *,
     entries, bundles = [], []
     bar = tqdm(range(n_teachers), desc=f"AGT teachers (T={n_teachers})", unit="teacher",
                disable=not progress)
+    dataset_sha = ds.sha256()
     for t in bar:
         seed = teacher_seed(cfg.seed, t)
         tds = teacher_dataset(ds, t, n_teachers)
         result = train(cfg.replace(seed=seed), tds)
-        bundle = from_result(result)
+        bundle = from_result(result, parent=teacher_parent(dataset_sha, n_teachers, t))
+        bundle.relations = ENSEMBLE_RELATIONS
         bundles.append(bundle)
         entries.append({"index": t, "file": f"teacher_{t:03d}.h5", "seed": seed,
                         "n_train": bundle.n_train, "dataset_sha256": bundle.dataset_sha256,
                         "bundle_id": bundle.bundle_id, "relations": list(bundle.relations),
                         "seconds": round(result.seconds, 6)})
     bar.close()
-    relations = [r for r in ENSEMBLE_RELATIONS if all(r in b.relations for b in bundles)]
-    if not relations:
-        raise BundleError("no neighbouring relation is certified by every teacher; the "
-                          "ensemble would certify nothing")
+    relations = list(ENSEMBLE_RELATIONS)
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "n_teachers": n_teachers,
         "partition": {"rule": PARTITION_RULE, "n_train": ds.n_train,
                       "sizes": part_sizes(ds.n_train, n_teachers)},
         "seed_rule": SEED_RULE, "teachers": entries, "k_values": list(cfg.k_values),
         "relations": relations, "config": cfg.to_json_dict(),
-        "dataset_sha256": ds.sha256(), "n_classes": int(ds.n_classes), "dataset": ds.name,
+        "dataset_sha256": dataset_sha, "n_classes": int(ds.n_classes), "dataset": ds.name,
         "created": _now(), "agt_version": __version__,
     }
     return Ensemble(None, manifest, bundles)
 
 
+def _replaceable(path: Path) -> bool:
+    """An existing --out may be replaced only if it is an ensemble directory holding nothing
+    but its manifest and teacher bundles (never, e.g., a folder with a ledger in it)."""
+    if not path.is_dir():
+        return False
+    present = {p.name for p in path.iterdir()}
+    ours = {name for name in present if name == MANIFEST or
+            re.fullmatch(r"teacher_\d{3,}\.h5", name)}
+    return not present or (MANIFEST in present and present == ours)
+
+
 def write_ensemble(ensemble: Ensemble, path: str | Path) -> Path:
-    """Write the ensemble directory atomically: teachers and manifest go to ``<path>.partial``
-    which then replaces ``path``. An existing ``path`` is replaced only if it holds an
-    ensemble and nothing else (e.g. never a directory with a ledger in it)."""
+    """Write the ensemble directory atomically (agt.io.atomic_directory): teachers and
+    manifest go to a fresh temporary directory that then replaces ``path``. An existing
+    ``path`` is replaced only if it holds an ensemble and nothing else."""
     path = Path(path)
-    if path.exists():
-        if not path.is_dir():
-            raise ConfigError(f"{path} exists and is not a directory; an ensemble is written "
-                              f"as a directory, give another --out")
-        present = {p.name for p in path.iterdir()}
-        ours = {name for name in present if name == MANIFEST or
-                re.fullmatch(r"teacher_\d{3,}\.h5", name)}
-        if present and (MANIFEST not in present or present != ours):
-            raise ConfigError(f"{path} is a non-empty directory that is not an agt ensemble "
-                              f"(or holds other files); refusing to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    old = path.with_name(path.name + ".replaced")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{path} exists and is not a directory; an ensemble is written "
+                          f"as a directory, give another --out")
+    if path.exists() and not _replaceable(path):
+        raise ConfigError(f"{path} is a non-empty directory that is not an agt ensemble "
+                          f"(or holds other files); refusing to overwrite it")
+
+    def fill(tmp: Path) -> None:
         for entry, bundle in zip(ensemble.manifest["teachers"], ensemble.bundles):
             write_bundle(bundle, tmp / entry["file"])
         (tmp / MANIFEST).write_text(json.dumps(ensemble.manifest, indent=1, sort_keys=True))
-        if path.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    atomic_directory(path, fill, _replaceable)
     ensemble.path = path
     for entry, bundle in zip(ensemble.manifest["teachers"], ensemble.bundles):
         bundle.path = path / entry["file"]
@@ -381,9 +383,12 @@ def read_ensemble(path: str | Path) -> Ensemble:
         if b.config.get("seed") != e["seed"]:
             problems.append(f"{where}: trained with seed {b.config.get('seed')!r}, the "
                             f"manifest says {e['seed']}")
-        missing = [r for r in manifest["relations"] if r not in b.relations]
-        if missing:
-            problems.append(f"{where}: does not certify {missing}, which the manifest claims")
+        if tuple(b.relations) != ENSEMBLE_RELATIONS:
+            problems.append(f"{where}: a teacher bundle must certify {list(ENSEMBLE_RELATIONS)} "
+                            f"only, it claims {list(b.relations)}")
+        if b.parent != teacher_parent(manifest["dataset_sha256"], manifest["n_teachers"], t):
+            problems.append(f"{where}: its parent record does not name this ensemble "
+                            f"(teacher {t} of {manifest['n_teachers']})")
         specs.add(b.spec.to_json())
         bundles.append(b)
     if len(specs) > 1:
@@ -402,48 +407,36 @@ def is_ensemble_dir(path: str | Path) -> bool:
 
 @dataclass(frozen=True)
 class EnsembleCertificate:
-    """Per-query certification of a binary ensemble (Q queries, T teachers).
+    """Per-query certification of an ensemble (Q queries, T teachers), owner-only.
 
-    teacher_predictions / teacher_radii / teacher_max_k: (Q, T) nominal votes, smooth radii
-    and largest certified k of every teacher; votes: (Q, 2) counts n_0, n_1; prediction: the
-    ensemble answer (ties -> 0); flips: m, the votes that must change to change it; radius:
-    the AGT Thm 5.3 ensemble radius; radius_tight: sum of the m smallest r_t + 1 of the
-    winning voters, minus 1 (mechanisms/ensemble.py).
+    teacher_predictions / teacher_radii / teacher_max_k: (Q, T) nominal votes, stability
+    radii (grid index, -1 where k = 0 does not certify) and largest certified k of every
+    teacher. Votes, the ensemble answer and the ensemble radius are computed from these by
+    mechanisms/ensemble.py; the provenance fields are those of `agt.certify.Certificate`.
     """
 
     teacher_predictions: np.ndarray
-    teacher_radii: np.ndarray
-    teacher_max_k: np.ndarray
-    votes: np.ndarray
-    prediction: np.ndarray
-    flips: np.ndarray
-    radius: np.ndarray
-    radius_tight: np.ndarray
+    teacher_radii: np.ndarray | None
+    teacher_max_k: np.ndarray | None
     k_values: tuple[int, ...]
     contiguous: bool
+    n_classes: int = 2
+    source_id: str = ""
+    dataset_sha256: str = ""
+    relations: tuple[str, ...] = ENSEMBLE_RELATIONS
+    smooth_radii: bool = True
+    selection: str = "exact"
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
     def n_teachers(self) -> int:
         return int(self.teacher_predictions.shape[1])
 
-    def ptr_distance(self, with_radii: bool = True) -> np.ndarray:
-        """The sensitivity-1 distance PTR tests (tight radius, or m - 1 from votes alone)."""
-        return self.radius_tight.copy() if with_radii else self.flips - 1
-
-    def radius_for(self, rule: str) -> np.ndarray:
-        if rule == "thm5.3":
-            return self.radius
-        if rule == "tight":
-            return self.radius_tight
-        raise ConfigError(f"radius rule must be thm5.3 or tight, got {rule!r}")
-
 
 class EnsembleCertifier:
-    """Certify queries against every teacher (agt/certify.py) and aggregate the votes."""
+    """Certify queries against every teacher (agt/certify.py)."""
 
     def __init__(self, ensemble: Ensemble, device: str = "cpu"):
-        ensemble.spec.require_binary(f"ensemble {ensemble.path or '(in memory)'}")
         self.ensemble = ensemble
         self.certifiers = [Certifier(b, device=device) for b in ensemble.bundles]
 
@@ -451,22 +444,21 @@ class EnsembleCertifier:
         """(Q, T) nominal votes (no certification)."""
         return np.stack([c.predict(x) for c in self.certifiers], axis=1).astype(np.int64)
 
-    def predict(self, x) -> np.ndarray:
-        from mechanisms.ensemble import aggregate
-
-        return aggregate(self.predict_teachers(x))
-
-    def certify(self, x) -> EnsembleCertificate:
-        from mechanisms.ensemble import (aggregate, ensemble_radius, flips_needed,
-                                         vote_counts)
-
+    def certify(self, x, radii: bool = True) -> EnsembleCertificate:
+        """Every teacher's certificate; ``radii=False``: votes only (radii None)."""
         t0 = time.perf_counter()
-        certs = [c.certify(x) for c in self.certifiers]
-        preds = np.stack([c.prediction for c in certs], axis=1).astype(np.int64)
-        radii = np.stack([c.radius for c in certs], axis=1).astype(np.int64)
-        max_k = np.stack([c.max_certified_k for c in certs], axis=1).astype(np.int64)
+        certs = [c.certify(x, radii=radii) for c in self.certifiers]
+        ens = self.ensemble
+
+        def stack(field):
+            if not radii:
+                return None
+            return np.stack([getattr(c, field) for c in certs], axis=1).astype(np.int64)
+
         return EnsembleCertificate(
-            preds, radii, max_k, vote_counts(preds), aggregate(preds), flips_needed(preds),
-            ensemble_radius(preds, radii, "thm5.3"), ensemble_radius(preds, radii, "tight"),
-            certs[0].k_values, certs[0].contiguous,
+            np.stack([c.prediction for c in certs], axis=1).astype(np.int64),
+            stack("radius"), stack("max_certified_k"),
+            certs[0].k_values, certs[0].contiguous, ens.spec.n_classes, ens.ensemble_id,
+            ens.manifest["dataset_sha256"], tuple(ens.relations),
+            all(c.smooth_radii for c in certs), certs[0].selection,
             {"seconds": time.perf_counter() - t0})

@@ -54,9 +54,13 @@ class LayerSpec:
         return self.kind in ("linear", "conv2d")
 
 
-def _positive_int(value: Any, where: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where} must be an integer >= {minimum}, got {value!r}")
+MAX_WIDTH = 10**7            # units / channels / kernel size of one layer
+MAX_PARAMS = 2 * 10**8       # parameters of a whole model (bounds hold K copies of them)
+
+
+def _positive_int(value: Any, where: str, minimum: int = 1, maximum: int = MAX_WIDTH) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ConfigError(f"{where} must be an integer in [{minimum}, {maximum}], got {value!r}")
     return value
 
 
@@ -91,7 +95,8 @@ def parse_layer(entry: Any, index: int) -> LayerSpec:
                          _positive_int(opts["out"], f"{where}.conv2d.out"),
                          kernel=_positive_int(opts["kernel"], f"{where}.conv2d.kernel"),
                          stride=_positive_int(opts.get("stride", 1), f"{where}.conv2d.stride"),
-                         padding=_positive_int(opts.get("padding", 0), f"{where}.conv2d.padding", 0),
+                         padding=_positive_int(opts.get("padding", 0), f"{where}.conv2d.padding",
+                                               0),
                          bias=_bool(opts.get("bias", True), f"{where}.conv2d.bias"))
     return LayerSpec(kind)
 
@@ -124,7 +129,53 @@ class ModelSpec:
         if not any(layer.has_params for layer in layers[frozen_layers:]):
             raise ConfigError("the trainable part of the model (after frozen_layers) has no "
                               "linear or conv2d layer")
+        n_params = sum(_layer_params(layer) for layer in layers)
+        if n_params > MAX_PARAMS:
+            raise ConfigError(f"the model has {n_params:,} parameters; AGT stores K boxes of "
+                              f"them, so at most {MAX_PARAMS:,} are supported")
         return ModelSpec(layers, frozen_layers)
+
+    @staticmethod
+    def from_module(module: nn.Module, frozen_layers: int = 0) -> "ModelSpec":
+        """The spec of a PyTorch ``nn.Sequential`` of supported layers (Linear, Conv2d with
+        square kernel, stride and padding, ReLU, Flatten with default dims). Any other layer,
+        or an option the bound rules do not cover (dilation, groups, ...), is refused with
+        a ConfigError naming it. Initial weights are not taken from the module: a bundle's
+        initialisation is `init_params(spec, seed)` (or a `pretrained` file)."""
+        if not isinstance(module, nn.Sequential):
+            raise ConfigError(f"ModelSpec.from_module needs an nn.Sequential, got "
+                              f"{type(module).__name__}")
+        entries = []
+        for i, layer in enumerate(module):
+            where = f"layer {i} ({type(layer).__name__})"
+            if isinstance(layer, nn.Linear):
+                entries.append({"linear": {"in": layer.in_features, "out": layer.out_features,
+                                           "bias": layer.bias is not None}})
+            elif isinstance(layer, nn.Conv2d):
+                k, st, pd = layer.kernel_size, layer.stride, layer.padding
+                if isinstance(pd, str) or len({*k}) != 1 or len({*st}) != 1 or len({*pd}) != 1 \
+                        or layer.dilation != (1, 1) or layer.groups != 1 \
+                        or layer.padding_mode != "zeros":
+                    raise ConfigError(f"{where}: only square kernels, strides and zero paddings "
+                                      f"without dilation or groups are supported")
+                entries.append({"conv2d": {"in": layer.in_channels, "out": layer.out_channels,
+                                           "kernel": k[0], "stride": st[0], "padding": pd[0],
+                                           "bias": layer.bias is not None}})
+            elif isinstance(layer, nn.ReLU):
+                entries.append({"relu": {}})
+            elif isinstance(layer, nn.Flatten):
+                if (layer.start_dim, layer.end_dim) != (1, -1):
+                    raise ConfigError(f"{where}: only Flatten() (start_dim 1, end_dim -1) is "
+                                      f"supported")
+                entries.append({"flatten": {}})
+            else:
+                raise ConfigError(f"{where} has no interval bound rule; supported layers: "
+                                  f"Linear, Conv2d, ReLU, Flatten")
+        return ModelSpec.from_config(entries, frozen_layers)
+
+    def to_config(self) -> list[dict[str, Any]]:
+        """The YAML list of layers of this spec."""
+        return [layer.to_dict() for layer in self.layers]
 
     def with_input_shape(self, input_shape: tuple[int, ...]) -> "ModelSpec":
         """Check layer dimensions against the data's feature shape and record it."""
@@ -149,11 +200,10 @@ class ModelSpec:
     def n_logits(self) -> int:
         return infer_shapes(self.layers, self.require_input_shape())[-1][0]
 
-    def require_binary(self, where: str) -> None:
-        """The release mechanisms (single model and ensembles) are for binary labels."""
-        if self.n_logits > 2:
-            raise DataError(f"{where}: the release mechanisms are for binary labels; this model "
-                            f"has {self.n_logits} classes")
+    @property
+    def n_classes(self) -> int:
+        """Classes the model predicts: 2 for one logit (1[z > 0]), else the logit count."""
+        return max(2, self.n_logits)
 
     def require_input_shape(self) -> tuple[int, ...]:
         if self.input_shape is None:
@@ -182,6 +232,14 @@ class ModelSpec:
 
     def build(self, dtype: torch.dtype = torch.float64) -> nn.Sequential:
         return build_module(self.layers).to(dtype)
+
+
+def _layer_params(layer: LayerSpec) -> int:
+    if layer.kind == "linear":
+        return layer.out_features * (layer.in_features + int(layer.bias))
+    if layer.kind == "conv2d":
+        return layer.out_features * (layer.in_features * layer.kernel ** 2 + int(layer.bias))
+    return 0
 
 
 def infer_shapes(layers: tuple[LayerSpec, ...], input_shape: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -10,6 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
 
 def plot_certification(cert, path: Path) -> Path:
     """Certified fraction vs k (left) and the histogram of smooth radii (right)."""
@@ -24,10 +26,11 @@ def plot_certification(cert, path: Path) -> Path:
     a.set_ylim(-0.02, 1.02)
     a.set_title("Certified fraction vs k")
     a.grid(alpha=0.3)
-    b.hist(cert.radius, bins=min(50, max(5, int(cert.radius.max(initial=0)) + 1)), color="tab:green")
-    b.set_xlabel("smooth radius r" + ("" if cert.contiguous else " (grid index)"))
+    b.hist(cert.radius, bins=min(50, max(5, int(cert.radius.max(initial=0)) + 2)), color="tab:green")
+    b.set_xlabel("stability radius r" + ("" if cert.contiguous else " (grid index)")
+                 + "; -1: k = 0 not certified")
     b.set_ylabel("number of queries")
-    b.set_title(f"Smooth radii of {len(cert.radius)} queries")
+    b.set_title(f"Stability radii of {len(cert.radius)} queries (owner-only)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

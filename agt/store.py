@@ -1,41 +1,62 @@
 """HDF5 bounds bundle: write, read, validate (DESIGN.md section 4).
 
-Layout::
+Layout (format_version 2)::
 
-    /                 attrs: format="agt-bounds", format_version=1, config (JSON),
-                      model (JSON spec), k_values (int64, ascending), dataset_sha256,
+    /                 attrs: format="agt-bounds", format_version=2, config (JSON),
+                      model (JSON spec), k_values (int64, ascending, from 0), dataset_sha256,
                       created (UTC ISO), agt_version, relations (JSON list of the
                       neighbouring relations certified), dtype (nominal), n_train,
-                      bound_dtype="float64", rounding (how rounding is accounted for)
+                      bound_dtype="float64", rounding (how rounding is accounted for),
+                      selection (the top-k rule whose proof applies: "exact" has a nesting
+                      proof, "threshold" is sound but has none), parent (JSON: for a
+                      teacher of an ensemble, {dataset_sha256, n_teachers, teacher,
+                      partition}; "null" otherwise), content_sha256 (integrity hash)
     /init/<param>     initial parameters (nominal dtype)
     /nominal/<param>  parameters after nominal training (the k = 0 model that is served)
     /bounds/<k>/lower/<param>, /bounds/<k>/upper/<param>   valid bounds at distance k
     /order            (epochs, n) int64: record indices in the order each epoch used them
 
 Bounds are stored in float64 exactly as computed (no down-cast, so no rounding on write).
-Files are written to a temporary name and renamed, so a failed run leaves no partial file.
+Files are written through a unique temporary name and renamed (agt/io.py), so a failed run
+leaves no partial file.
+
+Integrity: ``content_sha256`` is the SHA-256 of every attribute but itself (canonical JSON)
+and of every dataset (path, dtype, shape, bytes) in a fixed order. The reader recomputes it
+and refuses a mismatch: a flipped bit that would narrow a box, or an edited attribute, makes
+the bundle claim more than was proven. Any other damage (truncation, garbage) is refused
+with one BundleError, never a traceback.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
 import torch
 
 from agt import __version__
-from agt.errors import BundleError
+from agt.errors import BundleError, ConfigError
+from agt.io import atomic_write
+from agt.kgrid import KGrid
 from agt.models import ModelSpec
 
 FORMAT = "agt-bounds"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 ROUNDING_NOTE = ("float64 bounds widened outward by a-priori rounding-error bounds of the "
                  "nominal dtype and of float64 (agt/interval.py)")
+RELATIONS = ("replace-one", "add-remove")
+SELECTIONS = ("exact", "threshold")
+SMOOTH_SELECTIONS = ("exact",)
+_STRING_ATTRS = ("format", "config", "model", "dataset_sha256", "created", "agt_version",
+                 "relations", "dtype", "bound_dtype", "rounding", "selection", "parent",
+                 "content_sha256")
+_INT_ATTRS = ("format_version", "n_train")
 
 
 @dataclass
@@ -55,23 +76,40 @@ class Bundle:
     n_train: int
     created: str = ""
     agt_version: str = __version__
+    selection: str = "exact"
+    parent: dict | None = field(default=None)
 
     @property
     def bundle_id(self) -> str:
         """Stable identifier: dataset hash + nominal parameter hash."""
-        import hashlib
         h = hashlib.sha256(self.dataset_sha256.encode())
         for name in sorted(self.nominal):
             h.update(name.encode())
             h.update(self.nominal[name].detach().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()[:16]
 
+    @property
+    def k_grid(self) -> KGrid:
+        return KGrid(tuple(self.k_values))
+
+    @property
+    def smooth_radii(self) -> bool:
+        """Whether radii from these bounds satisfy r(D') >= r(D) - 1 (a nesting proof
+        exists for the selection rule that computed them)."""
+        return self.selection in SMOOTH_SELECTIONS
+
+    @property
+    def protected_dataset_sha256(self) -> str:
+        """The private dataset a release from this bundle spends privacy of: the ensemble's
+        whole training split for a teacher, else the bundle's own training data."""
+        return self.parent["dataset_sha256"] if self.parent else self.dataset_sha256
+
     def box(self, j: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return ({n: t[j] for n, t in self.lower.items()}, {n: t[j] for n, t in self.upper.items()})
 
 
-def from_result(result) -> Bundle:
-    """Bundle from an agt.training.TrainResult."""
+def from_result(result, parent: dict | None = None) -> Bundle:
+    """Bundle from an agt.training.TrainResult (`parent`: a teacher's ensemble record)."""
     if result.lower is None:
         raise BundleError("this training result has no bounds (trained with with_bounds=False)")
     return Bundle(None, result.spec, result.config.to_json_dict(), tuple(result.k_values),
@@ -81,119 +119,186 @@ def from_result(result) -> Bundle:
                   {k: v.detach().cpu() for k, v in result.upper.items()},
                   result.order, tuple(result.relations), result.dataset_sha256,
                   result.config.dtype, result.n_train,
-                  _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+                  _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  selection=result.config.selection, parent=parent)
+
+
+def _attrs(bundle: Bundle) -> dict[str, Any]:
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "config": json.dumps(bundle.config, sort_keys=True), "model": bundle.spec.to_json(),
+        "k_values": np.asarray(bundle.k_values, dtype=np.int64),
+        "dataset_sha256": bundle.dataset_sha256,
+        "created": bundle.created or _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "agt_version": bundle.agt_version, "relations": json.dumps(list(bundle.relations)),
+        "dtype": bundle.dtype, "n_train": int(bundle.n_train), "bound_dtype": "float64",
+        "rounding": ROUNDING_NOTE, "selection": bundle.selection,
+        "parent": json.dumps(bundle.parent, sort_keys=True),
+    }
+
+
+def dataset_paths(names, k_values) -> list[str]:
+    """Every dataset path of a bundle, in the fixed order the content hash uses."""
+    names = sorted(names)
+    paths = [f"{group}/{n}" for group in ("init", "nominal") for n in names]
+    paths += [f"bounds/{k}/{side}/{n}" for k in k_values for side in ("lower", "upper")
+              for n in names]
+    return paths + ["order"]
+
+
+def _datasets(bundle: Bundle):
+    """(path, array) of every dataset, in the order of `dataset_paths`."""
+    j_of = {k: j for j, k in enumerate(bundle.k_values)}
+    for path in dataset_paths(bundle.nominal, bundle.k_values):
+        parts = path.split("/")
+        if parts[0] in ("init", "nominal"):
+            yield path, getattr(bundle, parts[0])[parts[1]].detach().cpu().numpy()
+        elif parts[0] == "bounds":
+            values = bundle.lower if parts[2] == "lower" else bundle.upper
+            yield path, values[parts[3]][j_of[int(parts[1])]].to(torch.float64).numpy()
+        else:
+            yield path, np.asarray(bundle.order, dtype=np.int64)
+
+
+def _content_hash(attrs: dict[str, Any], datasets) -> str:
+    h = hashlib.sha256(b"agt-bounds-content-v2\0")
+    meta = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in attrs.items()
+            if k != "content_sha256"}
+    h.update(json.dumps(meta, sort_keys=True, default=str).encode())
+    for path, arr in datasets:
+        arr = np.ascontiguousarray(arr)
+        h.update(f"\0{path}|{arr.dtype.str}|{arr.shape}\0".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
 
 
 def write_bundle(bundle: Bundle, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    try:
+    attrs = _attrs(bundle)
+    attrs["content_sha256"] = _content_hash(attrs, _datasets(bundle))
+
+    def write(tmp: Path) -> None:
         with h5py.File(tmp, "w") as f:
-            a = f.attrs
-            a["format"] = FORMAT
-            a["format_version"] = FORMAT_VERSION
-            a["config"] = json.dumps(bundle.config, sort_keys=True)
-            a["model"] = bundle.spec.to_json()
-            a["k_values"] = np.asarray(bundle.k_values, dtype=np.int64)
-            a["dataset_sha256"] = bundle.dataset_sha256
-            a["created"] = bundle.created or _dt.datetime.now(_dt.timezone.utc).isoformat()
-            a["agt_version"] = bundle.agt_version
-            a["relations"] = json.dumps(list(bundle.relations))
-            a["dtype"] = bundle.dtype
-            a["n_train"] = int(bundle.n_train)
-            a["bound_dtype"] = "float64"
-            a["rounding"] = ROUNDING_NOTE
-            for group, params in (("init", bundle.init), ("nominal", bundle.nominal)):
-                g = f.create_group(group)
-                for name, value in params.items():
-                    g.create_dataset(name, data=value.numpy())
-            bg = f.create_group("bounds")
-            for j, k in enumerate(bundle.k_values):
-                kg = bg.create_group(str(k))
-                lo, hi = kg.create_group("lower"), kg.create_group("upper")
-                for name in bundle.nominal:
-                    lo.create_dataset(name, data=bundle.lower[name][j].to(torch.float64).numpy())
-                    hi.create_dataset(name, data=bundle.upper[name][j].to(torch.float64).numpy())
-            f.create_dataset("order", data=np.asarray(bundle.order, dtype=np.int64))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+            for key, value in attrs.items():
+                f.attrs[key] = value
+            for name, arr in _datasets(bundle):
+                f.create_dataset(name, data=arr)
+
+    atomic_write(path, write)
     bundle.path = path
     return path
 
 
-def _attr(f, key: str):
-    if key not in f.attrs:
-        raise BundleError(f"{f.filename}: missing root attribute '{key}'; not an agt bounds bundle")
-    value = f.attrs[key]
-    return value.decode() if isinstance(value, bytes) else value
+# -- reading -------------------------------------------------------------------------------
+
+def _read_attrs(f, where) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    problems = []
+    for key in _STRING_ATTRS + _INT_ATTRS + ("k_values",):
+        if key not in f.attrs:
+            problems.append(f"missing root attribute '{key}'")
+            continue
+        value = f.attrs[key]
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        if key in _STRING_ATTRS and not isinstance(value, str):
+            problems.append(f"root attribute '{key}' must be a string")
+        elif key in _INT_ATTRS:
+            if isinstance(value, (str, bytes)) or np.ndim(value) != 0 or \
+                    np.asarray(value).dtype.kind not in "iu":
+                problems.append(f"root attribute '{key}' must be an integer")
+            else:
+                value = int(value)
+        elif key == "k_values":
+            arr = np.asarray(value)
+            if arr.dtype.kind not in "iu" or arr.ndim != 1:
+                problems.append("k_values must be a 1-D integer array")
+            else:
+                value = arr.astype(np.int64)
+        out[key] = value
+    if problems:
+        raise BundleError(f"{where}: " + "; ".join(problems))
+    return out
 
 
-def _str_attr(f, key: str) -> str:
-    value = _attr(f, key)
-    if not isinstance(value, str):
-        raise BundleError(f"{f.filename}: root attribute '{key}' must be a string")
-    return value
-
-
-def _int_attr(f, key: str) -> int:
-    value = _attr(f, key)
+def _parse_meta(attrs: dict[str, Any], where) -> dict[str, Any]:
+    problems = []
     try:
-        if isinstance(value, (str, bytes)) or np.ndim(value) != 0:
-            raise TypeError
-        out = int(value)
-        if out != value:
-            raise TypeError
-        return out
-    except (TypeError, ValueError):
-        raise BundleError(f"{f.filename}: root attribute '{key}' must be an integer") from None
+        spec = ModelSpec.from_json(attrs["model"])
+    except (ValueError, KeyError, TypeError, ConfigError) as exc:
+        raise BundleError(f"{where}: malformed model attribute ({exc})") from None
+    try:
+        config = json.loads(attrs["config"])
+        relations = json.loads(attrs["relations"])
+        parent = json.loads(attrs["parent"])
+    except ValueError as exc:
+        raise BundleError(f"{where}: malformed JSON attribute ({exc})") from None
+    if not isinstance(config, dict):
+        problems.append("config must be a JSON object")
+    if not isinstance(relations, list) or not relations or \
+            not all(r in RELATIONS for r in relations) or len(set(relations)) != len(relations):
+        problems.append(f"relations must be a non-empty JSON list drawn from {RELATIONS}, got "
+                        f"{attrs['relations']!r}")
+    if parent is not None and not (isinstance(parent, dict) and
+                                   isinstance(parent.get("dataset_sha256"), str)):
+        problems.append("parent must be null or an object with the ensemble's dataset_sha256")
+    if attrs["dtype"] not in ("float32", "float64"):
+        problems.append(f"dtype must be float32 or float64, got {attrs['dtype']!r}")
+    if attrs["selection"] not in SELECTIONS:
+        problems.append(f"selection must be one of {SELECTIONS}, got {attrs['selection']!r}")
+    k = attrs["k_values"]
+    if len(k) == 0 or k[0] != 0 or np.any(np.diff(k) <= 0):
+        problems.append("k_values must be unique, ascending and start at 0")
+    if attrs["n_train"] < 1:
+        problems.append("n_train must be >= 1")
+    if problems:
+        raise BundleError(f"{where}: " + "; ".join(problems))
+    return {"spec": spec, "config": config, "relations": tuple(relations), "parent": parent,
+            "k_values": tuple(int(v) for v in k)}
 
 
 def read_bundle(path: str | Path) -> Bundle:
-    """Read and validate a bundle; raises BundleError with a one-line reason."""
+    """Read, verify (content hash) and validate a bundle; raises BundleError with a one-line
+    reason for anything that is not an intact agt bundle."""
     path = Path(path)
     if not path.is_file():
         raise BundleError(f"bounds file not found: {path}")
+    try:
+        return _read(path)
+    except BundleError:
+        raise
+    except Exception as exc:  # h5py raises KeyError, OSError, RuntimeError... on damaged files
+        raise BundleError(f"{path}: cannot read the bundle, the file is damaged or not an agt "
+                          f"bounds bundle ({type(exc).__name__})") from None
+
+
+def _read(path: Path) -> Bundle:
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
         raise BundleError(f"cannot read {path} as HDF5 ({exc.__class__.__name__}); is it an "
                           f"agt bounds bundle?") from None
     with f:
-        found = _attr(f, "format") if "format" in f.attrs else None
+        found = f.attrs.get("format")
+        found = found.decode(errors="replace") if isinstance(found, bytes) else found
         if not isinstance(found, str) or found != FORMAT:
             raise BundleError(f"{path}: not an agt bounds bundle (root attribute format is "
                               f"{found!r}, expected {FORMAT!r})")
-        version = _int_attr(f, "format_version")
+        version = f.attrs.get("format_version")
         if version != FORMAT_VERSION:
-            raise BundleError(f"{path}: format_version {version} is not supported "
-                              f"(this agt reads version {FORMAT_VERSION})")
-        try:
-            spec = ModelSpec.from_json(_attr(f, "model"))
-            config = json.loads(_attr(f, "config"))
-            relations = tuple(json.loads(_attr(f, "relations")))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BundleError(f"{path}: malformed model/config/relations attribute ({exc})") from None
-        raw_k = np.asarray(_attr(f, "k_values"))
-        if raw_k.dtype.kind not in "iu":
-            raise BundleError(f"{path}: k_values must be an integer array")
-        k_values = tuple(int(k) for k in raw_k.reshape(-1))
-        dtype = _str_attr(f, "dtype")
-        if dtype not in ("float32", "float64"):
-            raise BundleError(f"{path}: dtype must be float32 or float64, got {dtype!r}")
-        n_train = _int_attr(f, "n_train")
-        if not k_values or list(k_values) != sorted(set(k_values)) or k_values[0] != 0:
-            raise BundleError(f"{path}: k_values must be unique, ascending and start at 0")
+            raise BundleError(f"{path}: format_version {version!r} is not supported (this agt "
+                              f"reads version {FORMAT_VERSION}; retrain to write a new bundle)")
+        attrs = _read_attrs(f, path)
+        meta = _parse_meta(attrs, path)
+        spec = meta["spec"]
+        expected = spec.param_shapes
         for group in ("init", "nominal", "bounds"):
             if not isinstance(f.get(group), h5py.Group):
                 raise BundleError(f"{path}: missing group /{group}")
-        expected = spec.param_shapes
         init = _read_params(f["init"], expected, f"{path}:/init")
         nominal = _read_params(f["nominal"], expected, f"{path}:/nominal")
         lower, upper = {n: [] for n in expected}, {n: [] for n in expected}
-        for k in k_values:
+        for k in meta["k_values"]:
             key = str(k)
             kg = f["bounds"].get(key)
             if not isinstance(kg, h5py.Group) or not isinstance(kg.get("lower"), h5py.Group) \
@@ -203,20 +308,30 @@ def read_bundle(path: str | Path) -> Bundle:
             lo = _read_params(kg["lower"], expected, f"{path}:/bounds/{key}/lower")
             hi = _read_params(kg["upper"], expected, f"{path}:/bounds/{key}/upper")
             for n in expected:
-                lower[n].append(lo[n].to(torch.float64))
-                upper[n].append(hi[n].to(torch.float64))
+                if lo[n].dtype != torch.float64 or hi[n].dtype != torch.float64:
+                    raise BundleError(f"{path}: bounds must be float64 (/bounds/{key}/*/{n})")
+                lower[n].append(lo[n])
+                upper[n].append(hi[n])
+        if len(f["bounds"].keys()) != len(meta["k_values"]):
+            raise BundleError(f"{path}: /bounds holds other groups than the k_values")
         lower = {n: torch.stack(v) for n, v in lower.items()}
         upper = {n: torch.stack(v) for n, v in upper.items()}
         if not isinstance(f.get("order"), h5py.Dataset):
             raise BundleError(f"{path}: missing /order (the record order of each epoch)")
         order = np.asarray(f["order"])
+        n_train = attrs["n_train"]
         if order.ndim != 2 or order.shape[1] != n_train or order.dtype.kind not in "iu" or \
                 any(not np.array_equal(np.sort(row), np.arange(n_train)) for row in order):
             raise BundleError(f"{path}: /order must be (epochs, n_train) with every row a "
                               f"permutation of the record indices")
-        bundle = Bundle(path, spec, config, k_values, init, nominal, lower, upper, order,
-                        relations, _str_attr(f, "dataset_sha256"), dtype, n_train,
-                        _str_attr(f, "created"), _str_attr(f, "agt_version"))
+    bundle = Bundle(path, spec, meta["config"], meta["k_values"], init, nominal, lower, upper,
+                    order, meta["relations"], attrs["dataset_sha256"], attrs["dtype"], n_train,
+                    attrs["created"], attrs["agt_version"], attrs["selection"], meta["parent"])
+    recomputed = _content_hash({k: v for k, v in attrs.items() if k != "content_sha256"},
+                               _datasets(bundle))
+    if recomputed != attrs["content_sha256"]:
+        raise BundleError(f"{path}: content hash mismatch; the bundle was modified after it was "
+                          f"written and its bounds cannot be trusted")
     validate_bundle(bundle)
     return bundle
 
@@ -224,12 +339,15 @@ def read_bundle(path: str | Path) -> Bundle:
 def _read_params(group, expected: dict, where: str) -> dict[str, torch.Tensor]:
     out = {}
     for name, shape in expected.items():
-        if name not in group:
+        ds = group.get(name)
+        if not isinstance(ds, h5py.Dataset):
             raise BundleError(f"{where}: missing parameter '{name}'")
-        value = np.asarray(group[name])
+        value = np.asarray(ds)
         if tuple(value.shape) != tuple(shape):
             raise BundleError(f"{where}/{name}: shape {value.shape}, model needs {tuple(shape)}")
-        out[name] = torch.from_numpy(value)
+        if value.dtype.kind != "f":
+            raise BundleError(f"{where}/{name}: must hold floats, got {value.dtype}")
+        out[name] = torch.from_numpy(np.ascontiguousarray(value))
     extra = set(group.keys()) - set(expected)
     if extra:
         raise BundleError(f"{where}: unexpected parameter(s) {sorted(extra)}")

@@ -10,14 +10,18 @@ Nominal training rule (what the bundle's nominal parameters are; anyone can re-r
 per-sample gradients of the loss (agt/bounded), clamped elementwise to [-gamma, gamma],
 summed in float64 and divided by the batch size, rounded once to the training dtype;
 update by agt/optim.py with lr_t = max(lr / (1 + lr_decay t), lr_min); batches: epoch e
-uses the permutation ``torch.randperm(n, generator=seed + e)`` cut into consecutive
-batches of ``batch_size`` (the last one may be smaller); ``batch_size >= n`` means full
-batch. The order each epoch used is stored in the bundle (``/order``).
+uses the permutation ``torch.randperm(n, generator=seed * 1000003 + e)`` cut into
+consecutive batches of ``batch_size`` (the last one may be smaller); ``batch_size: full``
+makes every epoch one batch of all n records, whatever n is. The order each epoch used is
+stored in the bundle (``/order``).
 
-Neighbouring relations certified: batches are a function of the record index, so replacing
-up to k records keeps every batch slot (``replace-one``). With full-batch training the
-divisor is the actual dataset size and the top-k rule also covers removing up to k and
-adding up to k records (agt/topk.py), so full-batch bundles certify ``add-remove`` too.
+Neighbouring relations certified. Batches are a function of the record index, so replacing
+up to k records keeps every batch slot: every bundle certifies ``replace-one``. When every
+dataset within distance max(k) is trained as one batch per epoch (``batch_size: full``, or
+an integer batch size >= n + max(k)), the divisor is the actual dataset size and the top-k
+rule also covers removing r and adding a records with a + r <= k (agt/topk.py), so such
+bundles certify ``add-remove`` too. A smaller integer batch with b >= n does not: a
+neighbour with more than b records is trained as two batches, in another order.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from agt.errors import ConfigError, DataError, SoundnessError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
 from agt.models import ModelSpec, infer_shapes, init_params
 from agt.optim import UpdateRule, round_to
+from agt.tensors import resolve_device, torch_dtype
 from agt.topk import DescentAccumulator, ThresholdAccumulator, order_statistics
 
 # Memory budgets (elements of float64 temporaries per chunk; bytes of top-k buffers).
@@ -48,18 +53,6 @@ BUFFER_BYTES = 768 << 20
 
 REPLACE = "replace-one"
 ADD_REMOVE = "add-remove"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: cuda requested but no CUDA device is available; use auto or cpu")
-    return torch.device(name)
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "float64": torch.float64}[name]
 
 
 def _strict_float_math() -> None:
@@ -103,11 +96,19 @@ def load_pretrained(path: str | Path, spec: ModelSpec, params: dict[str, torch.T
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"pretrained file not found: {path}")
-    if path.suffix == ".npz":
-        with np.load(path) as f:
-            state = {k: torch.as_tensor(f[k]) for k in f.files}
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as f:
+                state = {k: torch.as_tensor(f[k]) for k in f.files}
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch/numpy raise many types for a file that is not theirs
+        raise ConfigError(f"pretrained file {path} is not a readable .pt or .npz state dict "
+                          f"({type(exc).__name__})") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise ConfigError(f"pretrained file {path} must hold a state dict (parameter name -> "
+                          f"tensor)")
     out = dict(params)
     for name, value in state.items():
         if name not in params:
@@ -116,6 +117,8 @@ def load_pretrained(path: str | Path, spec: ModelSpec, params: dict[str, torch.T
         if tuple(value.shape) != tuple(params[name].shape):
             raise ConfigError(f"pretrained parameter '{name}' has shape {tuple(value.shape)}, "
                               f"the model needs {tuple(params[name].shape)}")
+        if not bool(torch.isfinite(value).all()):
+            raise ConfigError(f"pretrained parameter '{name}' has NaN or infinite values")
         out[name] = value.to(params[name].dtype).clone()
     return out
 
@@ -128,17 +131,13 @@ class _Trainer:
         self.fm = FloatModel(self.dtype)
         self.spec = cfg.model.with_input_shape(ds.feature_shape)
         check_logits(cfg.loss, self.spec.n_logits)
-        n_labels = 2 if cfg.loss == "binary_cross_entropy" else self.spec.n_logits
-        if ds.y_train.max(initial=0) >= n_labels:
-            raise DataError(f"labels go up to {int(ds.y_train.max())} but the model/loss "
-                            f"supports {n_labels} classes")
+        check_labels(ds, self.spec.n_classes)
         self.n = ds.n_train
-        self.full_batch = cfg.batch_size >= self.n
-        self.batch_size = min(cfg.batch_size, self.n)
-        k_max = max(cfg.k_values)
-        if k_max >= self.batch_size:
-            raise ConfigError(f"k value {k_max} must be smaller than the batch size "
-                              f"{self.batch_size}; lower k_values or raise batch_size")
+        self.batch_size = cfg.batch_for(self.n)
+        cfg.k_values.require_below(self.batch_size)
+        k_max = cfg.k_values.k_max
+        one_batch = cfg.full_batch or int(cfg.batch_size) >= self.n + k_max
+        self.relations = (REPLACE, ADD_REMOVE) if one_batch else (REPLACE,)
         self.gamma = cfg.clip_gamma
         self.rule = UpdateRule.from_config(cfg, self.dtype)
         params = init_params(self.spec, cfg.seed, self.dtype)
@@ -352,9 +351,17 @@ class _Trainer:
                 else:  # frozen: exact
                     v = value.to(BOUND_DTYPE).unsqueeze(0).expand(K, *value.shape)
                     lower[name], upper[name] = v.clone(), v.clone()
-        relations = (REPLACE, ADD_REMOVE) if self.full_batch else (REPLACE,)
         return TrainResult(cfg, self.spec, k_list, self.init, nominal, lower, upper, orders,
-                           relations, ds_sha, self.n, time.perf_counter() - t_start)
+                           self.relations, ds_sha, self.n, time.perf_counter() - t_start)
+
+
+def check_labels(ds: Dataset, n_classes: int) -> None:
+    """Training and test labels must be classes the model can predict."""
+    for split, y in (("y_train", ds.y_train), ("y_test", ds.y_test)):
+        if y is not None and y.size and int(y.max()) >= n_classes:
+            raise DataError(f"{split} has labels up to {int(y.max())} but the model predicts "
+                            f"{n_classes} classes (0..{n_classes - 1}); fix the labels or the "
+                            f"model's output layer")
 
 
 def _monotone_in_k(box: Interval) -> Interval:

@@ -1,149 +1,60 @@
-"""Accuracy of private releases: exact expectations and seeded sampled draws.
+"""Accuracy of private releases: exact expectations and simulated deployments.
 
-Every mechanism here releases a binary label, and the probability that it releases the
-*true* label is known in closed form from the mechanism's own flip / release probabilities
-(mechanisms/*.py). The expected accuracy over the queries is the mean of those per-query
-probabilities: an exact number, no Monte Carlo error. The sampled accuracies draw the real
-releases (the same `release_*` functions a deployment calls) with seeded generators; their
-mean over repeats matches the expectation up to sampling error, and their spread is what the
-paper's error bands show. Experiments report both.
+Every mechanism object knows the exact probability that its release equals a given label
+(`Mechanism.correct_probability`); the expected accuracy over the queries is the mean of
+those per-query probabilities, an exact number without Monte Carlo error.
 
-These draws bypass the privacy ledger on purpose: an experiment measures the accuracy of
-many hypothetical releases of the same queries, which no deployment would be allowed to make.
+The sampled accuracies simulate deployments: each draw releases the queries through a fresh
+in-memory `Ledger` (the one door of mechanisms/ledger.py) of the experiment's relation,
+bound to the private dataset, with exactly the budget the released queries compose to under
+standard composition, and with a seeded experiment generator (recorded as insecure in the
+ledger). So no experiment draws noise outside the ledger, and the recorded cost and the
+drawn noise come from the same mechanism object. Their mean over repeats matches the
+expectation up to sampling error; their spread is what the paper's error bands show.
 
-Mechanisms (per query, calibrated by the per-query epsilon):
-  single model  gs          1[f + Laplace(1/eps) > 1/2]                    eps-DP
-                ss-laplace  Laplace(2S/eps), S = exp(-beta r), beta = eps/(2 ln(2/delta))
-                ss-cauchy   Cauchy(6S/eps), beta = eps/6                     eps-DP
-  ensemble      gs          noisy argmax, Laplace(2/eps) per vote count      eps-DP
-                ss-*        the single-model SS release with the Thm 5.3 ensemble radius
-                ptr         propose-test-release on the ensemble radius; "no answer" (-1)
-                            counts as wrong                                 (eps, delta)-DP
-                ptr+gs      the paper's variant: PTR at eps/2; where it answers nothing, the
-                            GS release of the ensemble answer at eps/2 (basic composition:
-                            (eps, delta)-DP)
+Every comparison is under one neighbouring relation, replace-one (`RELATION`): ensembles
+certify only replace-one, full-batch single models certify it too, and DP-SGD's add-remove
+guarantee converts (experiments/context.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from mechanisms import ensemble as me
-from mechanisms.global_sens import flip_probability_gs, release_global
-from mechanisms.smooth import flip_probability_ss, release_smooth
+from mechanisms import Ledger, Mechanism, REPLACE_ONE
+from mechanisms.accounting import standard_composition
 
-SINGLE_MECHANISMS = ("gs", "ss-laplace", "ss-cauchy")
-ENSEMBLE_MECHANISMS = ("gs", "ss-laplace", "ss-cauchy", "ptr", "ptr+gs")
+RELATION = REPLACE_ONE
 
 
-def correct_probability(released_from: np.ndarray, y: np.ndarray, flip) -> np.ndarray:
-    """P(release == y) when the release flips `released_from` with probability `flip`."""
-    flip = np.broadcast_to(np.asarray(flip, dtype=np.float64), released_from.shape)
-    return np.where(released_from == y, 1.0 - flip, flip)
+def expected_accuracy(mechanism: Mechanism, inputs, y: np.ndarray) -> float:
+    """Mean over the queries of P(release == y) (a refusal counts as wrong)."""
+    return float(mechanism.correct_probability(inputs, y).mean())
 
 
-def _noise(mechanism: str) -> str:
-    return mechanism.split("-")[1]
+def simulate(mechanism: Mechanism, inputs, rng: np.random.Generator) -> np.ndarray:
+    """One deployment: release every query of `inputs` through a fresh in-memory ledger
+    whose budget is what the releases compose to (standard composition)."""
+    g = mechanism.guarantee_for(inputs, RELATION)
+    eps_t, delta_t = standard_composition(g.epsilon, g.delta, inputs.n_queries)
+    with Ledger.in_memory(eps_t, delta_t, "standard", relation=RELATION,
+                          dataset_sha256=inputs.source.dataset_sha256) as ledger:
+        return ledger.release(mechanism, inputs, insecure_rng=rng).labels
 
 
-# ------------------------------------------------------------------------------------------
-# Single model
+def sampled_accuracy(mechanism: Mechanism, inputs, y: np.ndarray, rngs) -> list[float]:
+    """Accuracy of one simulated deployment per generator."""
+    return [float(np.mean(simulate(mechanism, inputs, rng) == y)) for rng in rngs]
 
-def single_expected(mechanism: str, prediction: np.ndarray, radius: np.ndarray, y: np.ndarray,
-                    epsilon: float, delta: float | None) -> np.ndarray:
-    """Per-query P(release == y) for a single model's release."""
-    if mechanism == "gs":
-        return correct_probability(prediction, y, flip_probability_gs(epsilon))
-    if mechanism in ("ss-laplace", "ss-cauchy"):
-        noise = _noise(mechanism)
-        d = delta if noise == "laplace" else None
-        return correct_probability(prediction, y, flip_probability_ss(epsilon, d, radius, noise))
-    raise ValueError(f"unknown single-model mechanism {mechanism!r}")
-
-
-def single_release(mechanism: str, prediction: np.ndarray, radius: np.ndarray,
-                   epsilon: float, delta: float | None, relation: str,
-                   rng: np.random.Generator) -> np.ndarray:
-    """One seeded draw of the single-model release (labels)."""
-    if mechanism == "gs":
-        return release_global(prediction, epsilon, relation=relation, rng=rng)[0]
-    noise = _noise(mechanism)
-    d = delta if noise == "laplace" else None
-    return release_smooth(prediction, radius, epsilon, d, noise=noise, relation=relation,
-                          rng=rng)[0]
-
-
-# ------------------------------------------------------------------------------------------
-# Ensembles
-
-@dataclass(frozen=True)
-class Votes:
-    """What the ensemble releases are computed from: (Q, T) votes and teacher radii."""
-
-    votes: np.ndarray
-    radii: np.ndarray
-    rule: str = "thm5.3"
-
-    @property
-    def answer(self) -> np.ndarray:
-        return me.aggregate(self.votes)
-
-
-def ensemble_expected(mechanism: str, v: Votes, y: np.ndarray, epsilon: float,
-                      delta: float | None) -> np.ndarray:
-    """Per-query P(release == y) for an ensemble release (PTR: no answer counts as wrong)."""
-    answer = v.answer
-    if mechanism == "gs":
-        p_one = me.gnmax_probability_one(me.vote_counts(v.votes), epsilon)
-        return np.where(y == 1, p_one, 1.0 - p_one)
-    if mechanism in ("ss-laplace", "ss-cauchy"):
-        noise = _noise(mechanism)
-        d = delta if noise == "laplace" else None
-        flip = me.ss_ensemble_flip_probability(v.votes, v.radii, epsilon, d, noise, v.rule)
-        return correct_probability(answer, y, flip)
-    if mechanism == "ptr":
-        passed = me.ptr_release_probability(me.ptr_distance(v.votes, v.radii), epsilon, delta)
-        return np.where(answer == y, passed, 0.0)
-    if mechanism == "ptr+gs":
-        half = epsilon / 2.0
-        passed = me.ptr_release_probability(me.ptr_distance(v.votes, v.radii), half, delta)
-        fallback = correct_probability(answer, y, flip_probability_gs(half))
-        return np.where(answer == y, passed, 0.0) + (1.0 - passed) * fallback
-    raise ValueError(f"unknown ensemble mechanism {mechanism!r}")
-
-
-def ensemble_release(mechanism: str, v: Votes, epsilon: float, delta: float | None,
-                     relation: str, rng: np.random.Generator) -> np.ndarray:
-    """One seeded draw of an ensemble release (labels; -1 = PTR gave no answer)."""
-    if mechanism == "gs":
-        return me.release_gnmax(v.votes, epsilon, relation=relation, rng=rng)[0]
-    if mechanism in ("ss-laplace", "ss-cauchy"):
-        noise = _noise(mechanism)
-        d = delta if noise == "laplace" else None
-        return me.release_ss_ensemble(v.votes, v.radii, epsilon, d, noise=noise,
-                                      relation=relation, rule=v.rule, rng=rng)[0]
-    if mechanism == "ptr":
-        return me.release_ptr(v.votes, epsilon, delta, relation=relation,
-                              teacher_radii=v.radii, rng=rng)[0]
-    if mechanism == "ptr+gs":
-        half = epsilon / 2.0
-        labels = me.release_ptr(v.votes, half, delta, relation=relation,
-                                teacher_radii=v.radii, rng=rng)[0]
-        fallback = release_global(v.answer, half, relation=relation, rng=rng)[0]
-        return np.where(labels >= 0, labels, fallback)
-    raise ValueError(f"unknown ensemble mechanism {mechanism!r}")
-
-
-# ------------------------------------------------------------------------------------------
-# Summaries
 
 def mean_std(values) -> tuple[float, float]:
     a = np.asarray(values, dtype=np.float64)
     return float(a.mean()), float(a.std())
 
 
-def sampled_accuracy(draw, y: np.ndarray, rngs) -> list[float]:
-    """Accuracy of `draw(rng)` against y for each generator (one per repeat)."""
-    return [float(np.mean(draw(rng) == y)) for rng in rngs]
+def evaluate(mechanism: Mechanism, inputs, y: np.ndarray, rngs) -> dict:
+    """{"expected", "sampled", "sampled_mean", "sampled_std"} of one mechanism."""
+    draws = sampled_accuracy(mechanism, inputs, y, rngs)
+    m, sd = mean_std(draws)
+    return {"expected": expected_accuracy(mechanism, inputs, y), "sampled_mean": m,
+            "sampled_std": sd, "sampled": draws}

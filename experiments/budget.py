@@ -8,10 +8,10 @@ SS-Cauchy, GS noisy argmax) spend delta 0 per query; SS-Laplace spends delta_tot
 per query and leaves the rest as composition slack. Mechanisms: single model GS / SS, and
 the T-teacher ensemble GS (noisy argmax) / SS (Thm 5.3 radius).
 
-DP-SGD (Opacus, mechanisms/dpsgd.py) trains the same model to the same total
-(epsilon_total, delta_total) once; predictions are post-processing, so its accuracy is flat
-in Q. Its guarantee is for add-remove neighbours; the ensembles' for replace-one, the
-full-batch single model certifies both.
+DP-SGD (Opacus, agt/baselines/dpsgd.py) trains the same model to the same total
+(epsilon_total, delta_total) under replace-one once (its add-remove target is halved,
+experiments/context.py); predictions are post-processing, so its accuracy is flat in Q.
+Every row is under replace-one.
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ import numpy as np
 
 from mechanisms.accounting import per_query_epsilon
 
-from experiments.accuracy import (Votes, ensemble_expected, ensemble_release, mean_std,
-                                  sampled_accuracy, single_expected, single_release)
+from experiments.accuracy import RELATION, evaluate, mean_std
 from experiments.context import Context, Outcome, markdown_table, pm
+from experiments.ensembles import ensemble_mechanism
+from experiments.single import single_mechanism
 from experiments.plotting import plt, save, style
 
 NAME = "budget"
 CURVES = ("single-gs", "single-ss-cauchy", "single-ss-laplace",
-          "ensemble-gs", "ensemble-ss-cauchy", "ensemble-ss-laplace")
+          "ensemble-lnmax", "ensemble-ens-ss-cauchy", "ensemble-ens-ss-laplace")
 
 
 def run(ctx: Context) -> Outcome:
@@ -38,8 +39,7 @@ def run(ctx: Context) -> Outcome:
     y = ctx.dataset.y_test
     single = ctx.single()
     em = ctx.ensemble(s.teachers)
-    votes = Votes(em.cert.teacher_predictions, em.cert.teacher_radii)
-    pred, radius = single.cert.prediction, single.cert.radius
+    pred = single.cert.prediction
     runs = ctx.dpsgd(s.epsilon_total, s.delta_total, s.dpsgd, s.dpsgd_seeds)
     dp_acc = [float(r.test_accuracy) for r in runs]
     per_acc = {}
@@ -53,20 +53,15 @@ def run(ctx: Context) -> Outcome:
                    "epsilon_per_query_ss_laplace": eps_lap, "delta_per_query_ss_laplace": pqd,
                    "accuracy": {}}
             for curve in CURVES:
-                kind, mech = curve.split("-", 1)
-                eps, d = (eps_lap, pqd) if mech == "ss-laplace" else (eps_pure, None)
+                kind, name = curve.split("-", 1)
+                eps, d = (eps_lap, pqd) if name.endswith("ss-laplace") else (eps_pure, None)
                 rngs = ctx.rngs(NAME, acc, q, curve, repeats=s.repeats)
                 if kind == "single":
-                    expected = single_expected(mech, pred, radius, y, eps, d).mean()
-                    draws = sampled_accuracy(lambda rng: single_release(
-                        mech, pred, radius, eps, d, single.relation, rng), y, rngs)
+                    row["accuracy"][curve] = evaluate(single_mechanism(name, eps, d),
+                                                      single.inputs, y, rngs)
                 else:
-                    expected = ensemble_expected(mech, votes, y, eps, d).mean()
-                    draws = sampled_accuracy(lambda rng: ensemble_release(
-                        mech, votes, eps, d, em.relation, rng), y, rngs)
-                m, sd = mean_std(draws)
-                row["accuracy"][curve] = {"expected": float(expected), "sampled_mean": m,
-                                          "sampled_std": sd, "sampled": draws}
+                    row["accuracy"][curve] = evaluate(ensemble_mechanism(name, eps, d),
+                                                      em.inputs, y, rngs)
             rows.append(row)
         per_acc[acc] = rows
     results = {
@@ -74,22 +69,24 @@ def run(ctx: Context) -> Outcome:
         "queries": list(s.queries), "teachers": s.teachers, "repeats": s.repeats,
         "n_test_queries": int(len(y)),
         "nonprivate": {"single": float(np.mean(pred == y)),
-                       "ensemble": float(np.mean(em.cert.prediction == y))},
+                       "ensemble": float(np.mean(em.answer == y))},
         "per_accountant": per_acc,
         "dp_sgd": {"accuracy": dp_acc, "accuracy_mean": mean_std(dp_acc)[0],
                    "accuracy_std": mean_std(dp_acc)[1], "runs": [r.to_json_dict() for r in runs]},
-        "relations": {"single": single.relation, "ensemble": em.relation,
-                      "dp_sgd": runs[0].relation},
+        "relation": RELATION,
+        "dp_sgd_add_remove_target": [runs[0].config.target_epsilon, runs[0].config.target_delta],
         "ensemble": {"ensemble_id": em.ensemble.ensemble_id,
                      "k_values": [em.k_values[0], em.k_values[-1], len(em.k_values)]},
         "notes": "accuracy at Q = accuracy of the test queries answered at the per-query "
-                 "epsilon of a Q-query plan; expected = exact, sampled = seeded draws; "
-                 "DP-SGD guarantee is add-remove, the ensembles' replace-one",
+                 "epsilon of a Q-query plan; expected = exact, sampled = simulated deployments; "
+                 "every row under replace-one (DP-SGD trained to the add-remove target that "
+                 "converts to the replace-one total)",
     }
     files = [_plot(ctx, s, per_acc, dp_acc, results["nonprivate"])]
     table = [f"# Inference budget: accuracy vs Q ({ctx.plan.dataset})\n",
              f"Total budget (eps_t, delta_t) = ({s.epsilon_total:g}, {s.delta_total:g}); "
-             f"T = {s.teachers}; {len(y)} test queries; cells are expected accuracies. "
+             f"T = {s.teachers}; {len(y)} test queries; every row under replace-one; cells are "
+             f"expected accuracies. "
              f"DP-SGD: {pm(*mean_std(dp_acc))} over {len(dp_acc)} run(s), flat in Q.\n"]
     for acc, rows in per_acc.items():
         table.append(f"\n## Per-query epsilon by the {acc} accountant\n")
@@ -105,8 +102,8 @@ def run(ctx: Context) -> Outcome:
     row = next(r for r in per_acc[first] if r["Q"] == probe)
     headline = (f"Q={probe} ({first}, eps/query {row['epsilon_per_query']:.3g}): "
                 + ", ".join(f"{c} {row['accuracy'][c]['expected']:.3f}"
-                            for c in ("single-gs", "single-ss-cauchy", "ensemble-gs",
-                                      "ensemble-ss-cauchy"))
+                            for c in ("single-gs", "single-ss-cauchy", "ensemble-lnmax",
+                                      "ensemble-ens-ss-cauchy"))
                 + f"; DP-SGD {mean_std(dp_acc)[0]:.3f}")
     return Outcome(NAME, headline, time.perf_counter() - t0, [str(p) for p in files])
 
@@ -117,9 +114,9 @@ def _plot(ctx: Context, s, per_acc, dp_acc, nonprivate):
     labels = {"single-gs": ("gs", "--", "single model, GS"),
               "single-ss-cauchy": ("ss-cauchy", "--", "single model, SS (Cauchy)"),
               "single-ss-laplace": ("ss-laplace", "--", "single model, SS (Laplace)"),
-              "ensemble-gs": ("gs", "-", f"T={s.teachers}, GS noisy argmax"),
-              "ensemble-ss-cauchy": ("ss-cauchy", "-", f"T={s.teachers}, SS (Cauchy)"),
-              "ensemble-ss-laplace": ("ss-laplace", "-", f"T={s.teachers}, SS (Laplace)")}
+              "ensemble-lnmax": ("gs", "-", f"T={s.teachers}, noisy argmax"),
+              "ensemble-ens-ss-cauchy": ("ss-cauchy", "-", f"T={s.teachers}, SS (Cauchy)"),
+              "ensemble-ens-ss-laplace": ("ss-laplace", "-", f"T={s.teachers}, SS (Laplace)")}
     for ax, (acc, rows) in zip(axes[0], per_acc.items()):
         qs = [r["Q"] for r in rows]
         for curve in CURVES:

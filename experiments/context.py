@@ -28,9 +28,14 @@ from tqdm.auto import tqdm
 
 from agt import __version__
 from agt.certify import Certificate, Certifier
+from agt.io import atomic_write
 from agt.ensemble import Ensemble, EnsembleCertificate, EnsembleCertifier, train_ensemble
 from agt.store import Bundle, from_result
 from agt.training import train
+from mechanisms import ADD_REMOVE, Certified, Guarantee, Votes
+from mechanisms.ensemble import aggregate
+
+from experiments.accuracy import RELATION
 
 from experiments.plan import Plan, display_path
 from experiments.pipelines import Prepared, prepare
@@ -49,18 +54,30 @@ class Outcome:
 @dataclass(frozen=True)
 class SingleModel:
     bundle: Bundle
-    cert: Certificate          # on the test queries
-    relation: str
+    cert: Certificate          # on the test queries (owner-only)
+    inputs: Certified          # what a release of the test queries spends
     seconds: float
+
+    @property
+    def relation(self) -> str:
+        return RELATION
 
 
 @dataclass(frozen=True)
 class EnsembleModel:
     ensemble: Ensemble
-    cert: EnsembleCertificate  # on the test queries
+    cert: EnsembleCertificate  # on the test queries (owner-only)
+    inputs: Votes
     k_values: tuple[int, ...]
-    relation: str
     seconds: float
+
+    @property
+    def relation(self) -> str:
+        return RELATION
+
+    @property
+    def answer(self) -> np.ndarray:
+        return aggregate(self.inputs.votes, self.inputs.n_classes)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -151,20 +168,19 @@ class Context:
     def single(self) -> SingleModel:
         """The single AGT model on the whole private set, certified on the test queries."""
         if self._single is None:
-            from agt.cli_private import choose_relation
             t0 = time.perf_counter()
             result = train(self.config, self.dataset, progress=self.progress)
             bundle = from_result(result)
             cert = Certifier(bundle, device=self.device).certify(self.dataset.x_test)
-            self._single = SingleModel(bundle, cert, choose_relation(bundle.relations, None),
+            self._single = SingleModel(bundle, cert, Certified.from_certificate(cert),
                                        time.perf_counter() - t0)
         return self._single
 
     def ensemble_k_values(self, n_teachers: int) -> tuple[int, ...]:
         """The config's k grid cut to k < every teacher's batch, min(batch, floor(n / T)):
         a function of n and T only (never of how many points certify)."""
-        batch = min(self.config.batch_size, self.dataset.n_train // n_teachers)
-        return tuple(k for k in self.config.k_values if k < batch)
+        batch = self.config.batch_for(self.dataset.n_train // n_teachers)
+        return tuple(self.config.k_values.below(batch))
 
     def ensemble(self, n_teachers: int, keep: bool = True) -> EnsembleModel:
         """T teachers trained with AGT and certified on the test queries. `keep`: memoise it
@@ -176,20 +192,26 @@ class Context:
         ens = train_ensemble(self.config.replace(k_values=list(ks)), self.dataset,
                              n_teachers, progress=self.progress)
         cert = EnsembleCertifier(ens, device=self.device).certify(self.dataset.x_test)
-        model = EnsembleModel(ens, cert, ks, ens.relations[0], time.perf_counter() - t0)
+        model = EnsembleModel(ens, cert, Votes.from_certificate(cert), ks,
+                              time.perf_counter() - t0)
         if keep:
             self._ensembles[n_teachers] = model
         return model
 
     def dpsgd(self, epsilon: float, delta: float, settings: dict, n_seeds: int) -> list:
-        """DP-SGD runs (Opacus) of the AGT model to (epsilon, delta), seeds seed .. seed+n-1."""
-        from mechanisms.dpsgd import DPSGDConfig, train_dpsgd
+        """DP-SGD runs (Opacus) of the AGT model that are (epsilon, delta)-DP under the
+        experiments' relation, replace-one: DP-SGD's guarantee is add-remove, so each run
+        targets (epsilon / 2, delta / (1 + e^(epsilon / 2))), which group privacy turns into
+        (epsilon, delta) under replace-one (mechanisms/guarantee.py). Seeds seed .. seed+n-1
+        (experiments only)."""
+        from agt.baselines.dpsgd import DPSGDConfig, train_dpsgd
 
+        eps_a, delta_a = add_remove_target(epsilon, delta)
         key = (float(epsilon), float(delta), json.dumps(settings, sort_keys=True), n_seeds)
         if key not in self._dpsgd:
             runs = []
             for s in range(n_seeds):
-                dp = DPSGDConfig(target_epsilon=float(epsilon), target_delta=float(delta),
+                dp = DPSGDConfig(target_epsilon=eps_a, target_delta=delta_a,
                                  seed=self.seed + s, **settings)
                 runs.append(train_dpsgd(self.config, self.dataset, dp, device=self.device,
                                         progress=self.progress))
@@ -226,15 +248,21 @@ class Context:
     def write_results(self, name: str, payload: dict) -> Path:
         path = self.experiment_dir(name) / "results.json"
         body = {**self.header(name), **payload}
-        tmp = path.with_name(path.name + ".partial")
-        tmp.write_text(dumps(to_jsonable(body)) + "\n")
-        tmp.replace(path)
-        return path
+        return atomic_write(path, lambda p: p.write_text(dumps(to_jsonable(body)) + "\n"))
 
     def write_table(self, name: str, markdown: str) -> Path:
         path = self.experiment_dir(name) / "table.md"
-        path.write_text(markdown.rstrip() + "\n")
-        return path
+        return atomic_write(path, lambda p: p.write_text(markdown.rstrip() + "\n"))
+
+
+def add_remove_target(epsilon: float, delta: float) -> tuple[float, float]:
+    """The add-remove (eps_a, delta_a) whose replace-one conversion is within (eps, delta)."""
+    eps_a = epsilon / 2.0
+    delta_a = math.nextafter(delta / (1.0 + math.exp(eps_a)), 0.0)
+    g = Guarantee(eps_a, delta_a, ADD_REMOVE, "dp-sgd").in_relation(RELATION)
+    if g.epsilon > epsilon or g.delta > delta:
+        raise AssertionError("internal: DP-SGD target does not convert within the budget")
+    return eps_a, delta_a
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:

@@ -61,7 +61,7 @@ def run(ctx: Context) -> Outcome:
         certifier = Certifier(bundle, device=ctx.device)
         grid = certifier.certify(feats)
         test = certifier.certify(ds.x_test)
-        r = grid.radius.reshape(s.grid_points, s.grid_points)
+        r = np.maximum(grid.radius, 0).reshape(s.grid_points, s.grid_points)
         bound = np.exp(-beta * r)
         test_points = _raw_points(ds)
         panels.append({
@@ -71,7 +71,7 @@ def run(ctx: Context) -> Outcome:
             "k_values": [bundle.k_values[0], bundle.k_values[-1], len(bundle.k_values)],
             "contiguous_grid": grid.contiguous, "bundle_id": bundle.bundle_id,
             "test_accuracy": float(np.mean(test.prediction == ds.y_test)),
-            "test_radius_mean": float(test.radius.mean()),
+            "test_radius_mean": float(np.maximum(test.radius, 0).mean()),
             "grid_radius_mean": float(r.mean()), "grid_radius_min": int(r.min()),
             "grid_bound_mean": float(bound.mean()), "grid_bound_median": float(np.median(bound)),
             "grid_fraction_at_max_k": float(np.mean(r >= bundle.k_values[-1])),

@@ -21,6 +21,7 @@ The global-sensitivity bound is 1.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -30,7 +31,10 @@ from agt.certify import Certifier
 from agt.store import Bundle
 from mechanisms.smooth import smooth_beta
 
-from experiments.accuracy import single_expected
+from mechanisms import Certified
+
+from experiments.accuracy import expected_accuracy
+from experiments.single import single_mechanism
 from experiments.context import Context, Outcome, markdown_table
 from experiments.plotting import plt, save
 
@@ -41,12 +45,10 @@ FAMILIES = ("contiguous", "linear", "geometric", "linear-value")
 def sub_bundle(bundle: Bundle, indices) -> Bundle:
     """The bundle restricted to the k values at `indices` (ascending, starting with 0)."""
     idx = list(indices)
-    return Bundle(None, bundle.spec, bundle.config, tuple(bundle.k_values[i] for i in idx),
-                  bundle.init, bundle.nominal,
-                  {n: t[idx].clone() for n, t in bundle.lower.items()},
-                  {n: t[idx].clone() for n, t in bundle.upper.items()},
-                  bundle.order, bundle.relations, bundle.dataset_sha256, bundle.dtype,
-                  bundle.n_train, bundle.created, bundle.agt_version)
+    return dataclasses.replace(bundle, path=None,
+                               k_values=tuple(bundle.k_values[i] for i in idx),
+                               lower={n: t[idx].clone() for n, t in bundle.lower.items()},
+                               upper={n: t[idx].clone() for n, t in bundle.upper.items()})
 
 
 def grid_indices(family: str, n: int, length: int) -> list[int]:
@@ -83,8 +85,9 @@ def run(ctx: Context) -> Outcome:
             if key not in cache:
                 cert = Certifier(sub_bundle(bundle, idx), device=ctx.device).certify(
                     ctx.dataset.x_test)
-                cache[key] = (cert.radius, np.maximum(cert.max_certified_k, 0), cert.contiguous)
-            index_radius, value_radius, contiguous = cache[key]
+                cache[key] = (cert, np.maximum(cert.radius, 0),
+                              np.maximum(cert.max_certified_k, 0), cert.contiguous)
+            cert, index_radius, value_radius, contiguous = cache[key]
             r = value_radius if fam == "linear-value" else index_radius
             entry = {"n_values": len(idx) - 1, "k_values": [bundle.k_values[i] for i in idx],
                      "contiguous": contiguous, "radius_mean": float(r.mean()),
@@ -92,14 +95,13 @@ def run(ctx: Context) -> Outcome:
             for e, beta in betas.items():
                 entry["smooth_bound_mean"][str(e)] = float(np.exp(-beta * r).mean())
                 if fam != "linear-value":  # only smooth radii calibrate a valid release
-                    mech = f"ss-{s.noise}"
-                    d = s.delta if s.noise == "laplace" else None
-                    entry["expected_accuracy"][str(e)] = float(single_expected(
-                        mech, model.cert.prediction, r, y, e, d).mean())
+                    mech = single_mechanism(f"ss-{s.noise}", e, s.delta)
+                    entry["expected_accuracy"][str(e)] = expected_accuracy(
+                        mech, Certified.from_certificate(cert), y)
             curves[fam].append(entry)
     full = {"k_values": [bundle.k_values[0], bundle.k_values[-1], L],
-            "radius_mean": float(model.cert.radius.mean()),
-            "smooth_bound_mean": {str(e): float(np.exp(-b * model.cert.radius).mean())
+            "radius_mean": float(np.maximum(model.cert.radius, 0).mean()),
+            "smooth_bound_mean": {str(e): float(np.exp(-b * np.maximum(model.cert.radius, 0)).mean())
                                   for e, b in betas.items()}}
     results = {"sizes": sizes, "epsilons": list(s.epsilons), "noise": s.noise,
                "betas": {str(e): b for e, b in betas.items()}, "n_queries": int(len(y)),

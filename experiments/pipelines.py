@@ -32,7 +32,9 @@ from tqdm.auto import tqdm
 from agt.config import TrainConfig, load_config
 from agt.data import Dataset, load_dataset, octmnist_public_split, validate_dataset
 from agt.errors import DataError
+from agt.io import atomic_write
 from agt.models import init_params
+from agt.tensors import predicted_classes
 
 from experiments.plan import Plan, display_path
 
@@ -136,8 +138,7 @@ def _accuracy(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, chunk: int =
     with torch.no_grad():
         z = torch.cat([model(torch.as_tensor(x[i:i + chunk], dtype=torch.float32))
                        for i in range(0, len(x), chunk)])
-    pred = (z[:, 0] > 0).long().numpy() if z.shape[1] == 1 else z.argmax(1).numpy()
-    return float(np.mean(pred == y))
+    return float(np.mean(predicted_classes(z).numpy() == y))
 
 
 def pretrain_octmnist(cfg: TrainConfig, private: Dataset, plan: Plan, base: Path,
@@ -202,8 +203,7 @@ def pretrain_octmnist(cfg: TrainConfig, private: Dataset, plan: Plan, base: Path
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / PRETRAINED_NAME
-    tmp = path.with_name(path.name + ".partial")
-    torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, tmp)
-    tmp.replace(path)
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    atomic_write(path, lambda p: torch.save(state, p))
     stats["state_dict"] = display_path(path)
     return path, stats

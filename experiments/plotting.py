@@ -15,18 +15,16 @@ STYLE = {
     "gs": {"color": "tab:red", "label": "GS (Laplace, global sensitivity)"},
     "ss-cauchy": {"color": "tab:green", "label": "SS (Cauchy, eps-DP)"},
     "ss-laplace": {"color": "tab:blue", "label": "SS (Laplace, (eps, delta)-DP)"},
-    "ptr": {"color": "tab:orange", "label": "PTR (no answer counts as wrong)"},
-    "ptr+gs": {"color": "tab:purple", "label": "PTR, GS fallback (paper)"},
+    "lnmax": {"color": "tab:red", "label": "noisy argmax (Laplace on votes)"},
+    "ens-ss-cauchy": {"color": "tab:green", "label": "SS ensemble (Cauchy)"},
+    "ens-ss-laplace": {"color": "tab:blue", "label": "SS ensemble (Laplace)"},
+    "ens-ptr": {"color": "tab:orange", "label": "PTR (no answer counts as wrong)"},
+    "ens-ptr-gs": {"color": "tab:purple", "label": "PTR, GS fallback (paper)"},
     "dp-sgd": {"color": "black", "linestyle": "-.", "label": "DP-SGD (private training)"},
 }
 
-ENSEMBLE_LABELS = {
-    "gs": "GS noisy argmax (Laplace on votes)",
-    "ss-cauchy": "SS ensemble (Cauchy)",
-    "ss-laplace": "SS ensemble (Laplace)",
-    "ptr": "PTR (no answer counts as wrong)",
-    "ptr+gs": "PTR, GS fallback (paper)",
-}
+ENSEMBLE_LABELS = {name: STYLE[name]["label"] for name in
+                   ("lnmax", "ens-ss-cauchy", "ens-ss-laplace", "ens-ptr", "ens-ptr-gs")}
 
 
 def style(key: str, **changes) -> dict:

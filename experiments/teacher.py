@@ -10,9 +10,9 @@ model (GS, and SS with Cauchy noise) and the T-teacher ensemble (GS noisy argmax
 with Cauchy noise). Every release is a seeded draw of the mechanism's release function;
 `repeats` draws, each followed by training a fresh student, give mean +- std. The student is
 a plain (nominal, non-AGT) model with the teachers' architecture and training config plus
-`student_overrides` (agt.cli_ensemble.train_student). DP-SGD trains the private model itself
-to (epsilon_total, delta_total) and needs no student: its row is that model's accuracy on the
-same evaluation records.
+`student_overrides` (agt.student.train_student). DP-SGD trains the private model itself
+to (epsilon_total, delta_total) under replace-one and needs no student: its row is that
+model's accuracy on the same evaluation records. Every row is under replace-one.
 """
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ import time
 
 import numpy as np
 
-from agt.cli_ensemble import train_student
+from agt.baselines.dpsgd import evaluate
 from agt.errors import ConfigError
+from agt.student import train_student
 from mechanisms.accounting import per_query_epsilon
-from mechanisms.dpsgd import evaluate
 
-from experiments.accuracy import (Votes, ensemble_expected, ensemble_release, mean_std,
-                                  single_expected, single_release)
+from experiments.accuracy import expected_accuracy, mean_std, simulate
 from experiments.context import Context, Outcome, markdown_table, pm
+from experiments.ensembles import ensemble_mechanism
+from experiments.single import single_mechanism
 from experiments.plotting import plt, save, style
 
 NAME = "teacher"
@@ -66,31 +67,21 @@ def run(ctx: Context) -> Outcome:
     for q in ctx.bar(sorted(s.n_public), "teacher: public set sizes"):
         eps = per_query_epsilon(s.epsilon_total, s.delta_total, q, 0.0, s.accountant)
         x_pub, y_pub = ds.x_test[:q], ds.y_test[:q]
-        pred, radius = single.cert.prediction[:q], single.cert.radius[:q]
-        votes = Votes(em.cert.teacher_predictions[:q], em.cert.teacher_radii[:q])
-        draws = {
-            "single-gs": (lambda rng: single_release("gs", pred, radius, eps, None,
-                                                     single.relation, rng),
-                          single_expected("gs", pred, radius, y_pub, eps, None)),
-            "single-ss": (lambda rng: single_release("ss-cauchy", pred, radius, eps, None,
-                                                     single.relation, rng),
-                          single_expected("ss-cauchy", pred, radius, y_pub, eps, None)),
-            "sa-gs": (lambda rng: ensemble_release("gs", votes, eps, None, em.relation, rng),
-                      ensemble_expected("gs", votes, y_pub, eps, None)),
-            "sa-ss": (lambda rng: ensemble_release("ss-cauchy", votes, eps, None, em.relation,
-                                                   rng),
-                      ensemble_expected("ss-cauchy", votes, y_pub, eps, None)),
-        }
+        single_inputs, votes = single.inputs.subset(slice(0, q)), em.inputs.subset(slice(0, q))
+        releases = {"single-gs": (single_mechanism("gs", eps, None), single_inputs),
+                    "single-ss": (single_mechanism("ss-cauchy", eps, None), single_inputs),
+                    "sa-gs": (ensemble_mechanism("lnmax", eps, None), votes),
+                    "sa-ss": (ensemble_mechanism("ens-ss-cauchy", eps, None), votes)}
         rows = {}
         for name in ctx.bar(ROWS, f"teacher: students (Q={q})"):
-            draw, expected = draws[name]
+            mechanism, inputs = releases[name]
             label_acc, student_acc = [], []
             for rng in ctx.rngs(NAME, q, name, repeats=s.repeats):
-                labels = draw(rng)
+                labels = simulate(mechanism, inputs, rng)
                 label_acc.append(float(np.mean(labels == y_pub)))
                 acc, _ = train_student(student_cfg, x_pub, labels, x_eval, y_eval)
                 student_acc.append(float(acc))
-            rows[name] = {"label_accuracy_expected": float(np.mean(expected)),
+            rows[name] = {"label_accuracy_expected": expected_accuracy(mechanism, inputs, y_pub),
                           "label_accuracy": label_acc, "student_accuracy": student_acc,
                           "student_accuracy_mean": mean_std(student_acc)[0],
                           "student_accuracy_std": mean_std(student_acc)[1]}
@@ -106,11 +97,12 @@ def run(ctx: Context) -> Outcome:
                    "accuracy_std": mean_std(dp_acc)[1], "runs": [r.to_json_dict() for r in runs]},
         "teacher_nonprivate_accuracy_on_eval": {
             "single": float(np.mean(single.cert.prediction[n_max:] == y_eval)),
-            "ensemble": float(np.mean(em.cert.prediction[n_max:] == y_eval))},
+            "ensemble": float(np.mean(em.answer[n_max:] == y_eval))},
         "student_config_overrides": dict(s.student_overrides),
         "paper_percent": PAPER.get(ctx.plan.dataset),
         "notes": "SS rows use Cauchy noise (eps-DP), as the paper's Fig. 5; the paper's Blobs "
-                 "DP-SGD entry '1.0' is 100 % written as a fraction",
+                 "DP-SGD entry '1.0' is 100 % written as a fraction; every row under "
+                 "replace-one (DP-SGD trained to the add-remove target that converts to it)",
     }
     main = next(p for p in per_q if p["n_public"] == s.main)
     files = [_plot(ctx, s, main, dp_acc)]
@@ -136,6 +128,7 @@ def run(ctx: Context) -> Outcome:
                     f"per-query epsilon by the {s.accountant} accountant; T = {s.teachers}; "
                     f"students evaluated on {len(y_eval)} held-out test records; mean ± std "
                     f"over {s.repeats} label draws (DP-SGD: {len(dp_acc)} run(s)). SS = Cauchy. "
+                    f"Every row under replace-one. "
                     f"The paper's Blobs DP-SGD '1.0' is 100 % printed as a fraction.\n\n"
                     + markdown_table(header, rows))
     ctx.write_results(NAME, {"results": results, "seconds": time.perf_counter() - t0})

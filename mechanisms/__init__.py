@@ -1,14 +1,29 @@
 """mechanisms: DP noise and privacy accounting for smooth-sensitivity private prediction.
 
-Consumes what `agt` certifies (nominal predictions and smooth radii r = k*), never trains.
+Consumes what `agt` certifies (nominal predictions, stability radii, teacher votes), never
+trains, and depends on nothing of `agt` but its errors. The one way to turn certified
+predictions into released labels is `Ledger.release(mechanism, inputs)`:
 
-  noise.py        random generators and the one function that draws release noise
-  guarantee.py    `Guarantee`: what a release gives (epsilon, delta, neighbouring relation)
-  global_sens.py  global-sensitivity release of a binary prediction (Laplace, eps-DP)
-  smooth.py       smooth-sensitivity release (Nissim-Raskhodnikova-Smith, Laplace / Cauchy)
-  accounting.py   composition (standard, advanced, tight PLD) and its inverse
-  ledger.py       persistent SQLite privacy ledger: check, then commit, then release
+  inputs.py       Certified / Votes / Source: the owner-only inputs that cross the door
+  base.py         the Mechanism interface and the registry (one name per mechanism)
+  global_sens.py  gs: global-sensitivity Laplace threshold (binary)
+  smooth.py       ss-laplace, ss-cauchy: smooth sensitivity on the AGT radius (binary)
+  ensemble.py     lnmax, ens-ss-*, ens-ptr, ens-ptr-votes, ens-ptr-gs: vote aggregation
+  guarantee.py    Guarantee (eps, delta, relation) and relation conversion
+  accounting.py   composition (standard, advanced, tight PLD), its inverse, query plans
+  ledger.py       the ledger bound to one dataset and one relation: check, record, draw
+  noise.py        secure generators and the closed forms of threshold releases
 
-Every epsilon here is with respect to the neighbouring relation the bounds bundle certifies
-("replace-one" or "add-remove"); callers pass it in and it is carried in each `Guarantee`.
+Every epsilon is with respect to a neighbouring relation; a ledger composes only guarantees
+under its own relation (converting add-remove ones to replace-one by group privacy).
 """
+
+from mechanisms.base import MECHANISMS, REFUSED, Mechanism, make_mechanism, mechanism_names
+from mechanisms import global_sens, smooth, ensemble  # noqa: F401  (register the mechanisms)
+from mechanisms.guarantee import ADD_REMOVE, RELATIONS, REPLACE_ONE, Guarantee
+from mechanisms.inputs import Certified, Source, Votes
+from mechanisms.ledger import Ledger, LedgerEntry, Release, default_ledger_path, hash_query
+
+__all__ = ["Mechanism", "MECHANISMS", "REFUSED", "make_mechanism", "mechanism_names",
+           "Guarantee", "RELATIONS", "REPLACE_ONE", "ADD_REMOVE", "Certified", "Votes",
+           "Source", "Ledger", "LedgerEntry", "Release", "default_ledger_path", "hash_query"]

@@ -34,8 +34,10 @@ Spends are (eps_i, delta_i) guarantees of mechanisms run one after another.
 Adaptivity: standard composition holds for privacy parameters chosen adaptively. Advanced and
 tight composition as used here assume the sequence of (eps_i, delta_i) is fixed in advance,
 e.g. one calibrated per-query epsilon for a plan of Q queries (stopping early is fine: a prefix
-is a post-processing of the full plan). For adaptively chosen heterogeneous parameters use
-"standard" (or a privacy filter, Rogers-Roth-Ullman-Vadhan 2016).
+is a post-processing of the full plan). The ledger enforces this: a ledger with any accountant
+but "standard" fixes its per-query guarantee when it is created (ledger.py). For adaptively
+chosen heterogeneous parameters use "standard" (or a privacy filter,
+Rogers-Roth-Ullman-Vadhan 2016).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from typing import Literal
 
 from agt.errors import PrivacyError
 
-from mechanisms._checks import Problems, check_count, check_delta, check_epsilon
+from mechanisms.checks import check_count, check_delta, check_epsilon, privacy_problems
 
 AccountantName = Literal["standard", "advanced", "best", "tight"]
 ACCOUNTANTS: tuple[str, ...] = ("standard", "advanced", "best", "tight")
@@ -172,9 +174,9 @@ def _tight(groups: Sequence[SpendGroup], slack: float) -> Composition:
 # Accountant.
 
 def _groups_from_lists(epsilons: Sequence[float], deltas: Sequence[float]) -> list[SpendGroup]:
-    problems = Problems()
+    problems = privacy_problems()
     if len(epsilons) != len(deltas):
-        problems.privacy.append(f"got {len(epsilons)} epsilons but {len(deltas)} deltas; "
+        problems.add(f"got {len(epsilons)} epsilons but {len(deltas)} deltas; "
                                 "give one (epsilon, delta) per spend")
         problems.raise_if_any()
     for i, (e, d) in enumerate(zip(epsilons, deltas)):
@@ -199,9 +201,9 @@ class Accountant:
     delta_prime: float | None = None
 
     def __post_init__(self) -> None:
-        problems = Problems()
+        problems = privacy_problems()
         if self.name not in ACCOUNTANTS:
-            problems.privacy.append(f"accountant must be one of {ACCOUNTANTS}, got {self.name!r}")
+            problems.add(f"accountant must be one of {ACCOUNTANTS}, got {self.name!r}")
         if self.delta_prime is not None:
             check_delta(self.delta_prime, problems, name="delta_prime")
         problems.raise_if_any()
@@ -246,7 +248,7 @@ class Accountant:
 # Homogeneous composition of Q queries.
 
 def _check_homogeneous(epsilon: float, delta: float, q: int, delta_prime: float | None) -> None:
-    problems = Problems()
+    problems = privacy_problems()
     check_epsilon(epsilon, problems)
     check_delta(delta, problems, allow_zero=True)
     check_count(q, problems)
@@ -282,7 +284,7 @@ def tight_epsilon(epsilon: float, q: int, delta_total: float, per_query_delta: f
                   ) -> float:
     """Total epsilon of Q (eps, per_query_delta)-DP queries at total delta `delta_total`
     by the tight accountant (PLD / KOV optimal composition, never above best composition)."""
-    problems = Problems()
+    problems = privacy_problems()
     check_delta(delta_total, problems, name="delta_total")
     problems.raise_if_any()
     _check_homogeneous(epsilon, per_query_delta, q, None)
@@ -302,13 +304,13 @@ def per_query_epsilon(epsilon_total: float, delta_total: float, q: int,
     Solved by bisection on the (monotone) composed epsilon and verified by plugging the
     answer back into the same accountant the ledger uses: the result always fits.
     """
-    problems = Problems()
+    problems = privacy_problems()
     check_epsilon(epsilon_total, problems, name="epsilon_total")
     check_delta(delta_total, problems, name="delta_total", allow_zero=True)
     check_delta(per_query_delta, problems, name="per_query_delta", allow_zero=True)
     check_count(q, problems)
     if accountant not in ACCOUNTANTS:
-        problems.privacy.append(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+        problems.add(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
     problems.raise_if_any()
     slack = Fraction(delta_total) - Fraction(per_query_delta) * q
     if slack < 0:
@@ -355,3 +357,47 @@ def per_query_epsilon(epsilon_total: float, delta_total: float, q: int,
     if not fits(lo):  # the bisection invariant; checked again because it is the guarantee
         raise AssertionError(f"calibrated per-query epsilon {lo!r} does not fit the budget")
     return lo
+
+
+def plan_queries(epsilon_total: float, delta_total: float, q: int, needs_delta: bool,
+                 accountant: str = "best", per_query_delta: float | None = None,
+                 spent: Sequence[SpendGroup] = ()) -> tuple[float, float]:
+    """(per-query eps, per-query delta) for Q releases within a total budget.
+
+    needs_delta: the mechanism is (eps, delta)-DP with delta > 0; its per-query delta is
+    `per_query_delta`, by default delta_total / (2 Q) (the rest is composition slack).
+    Pure eps-DP mechanisms get delta 0. `spent` (standard accountant only): groups already
+    recorded, whose epsilon and delta come off the total first.
+    """
+    problems = privacy_problems()
+    check_epsilon(epsilon_total, problems, name="epsilon_total")
+    check_delta(delta_total, problems, name="delta_total", allow_zero=True)
+    check_count(q, problems)
+    if accountant not in ACCOUNTANTS:
+        problems.add(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    problems.raise_if_any()
+    if spent and accountant != "standard":
+        raise PrivacyError(f"the {accountant} accountant plans a fixed sequence from an empty "
+                           f"ledger; with releases already recorded use the ledger's fixed "
+                           f"per-query guarantee")
+    eps_left, delta_left = float(epsilon_total), float(delta_total)
+    if spent:
+        used = _standard([g for g in spent if g[2] > 0])
+        eps_left = _float_down(Fraction(epsilon_total) - Fraction(used.epsilon))
+        delta_left = max(0.0, _float_down(Fraction(delta_total) - Fraction(used.delta)))
+        if eps_left <= 0:
+            raise PrivacyError("the ledger's epsilon budget is spent; nothing was released")
+    if needs_delta:
+        if delta_left <= 0:
+            raise PrivacyError("this mechanism is (eps, delta)-DP per query and needs a delta "
+                               "budget: give a total delta > 0")
+        pqd = per_query_delta if per_query_delta is not None else delta_left / (2.0 * q)
+        if not 0 < pqd < 1 or Fraction(pqd) * q > Fraction(delta_left):
+            raise PrivacyError(f"per-query delta {pqd!r} times Q = {q} queries must be in "
+                               f"(0, delta left = {delta_left!r}]")
+    else:
+        if per_query_delta not in (None, 0, 0.0):
+            raise PrivacyError("this mechanism is pure eps-DP per query and takes no "
+                               "per-query delta")
+        pqd = 0.0
+    return per_query_epsilon(eps_left, delta_left, q, pqd, accountant), pqd

@@ -1,26 +1,41 @@
-"""`Guarantee`: the differential-privacy statement a release comes with.
+"""`Guarantee`: the differential-privacy statement a release comes with, and the rule that
+moves a guarantee from one neighbouring relation to another.
 
 A release with Guarantee(epsilon, delta, relation, ...) is (epsilon, delta)-DP *per query*
-with respect to `relation`, the neighbouring relation the bounds bundle certifies:
-"replace-one" (bounded DP: one record replaced) or "add-remove" (unbounded DP: one record
-added or removed). The mechanisms never choose the relation; the caller passes the one stated
-in the bundle. Releasing Q queries composes Q such guarantees (see accounting.py, ledger.py).
+with respect to `relation`: "replace-one" (bounded DP: one record replaced) or "add-remove"
+(unbounded DP: one record added or removed). Releasing Q queries composes Q such guarantees
+(accounting.py); a ledger composes only guarantees of its own relation (ledger.py).
+
+Conversion (group privacy; Dwork-Roth 2014, Thm 2.2 and its (eps, delta) form): replacing a
+record is removing it and adding another, so two add-remove steps. An (eps, delta)-DP
+mechanism under add-remove is therefore (2 eps, (1 + e^eps) delta)-DP under replace-one:
+P[M(D) in S] <= e^eps (e^eps P[M(D'') in S] + delta) + delta. The other way has no
+conversion: replace-one neighbours have equal sizes and say nothing about adding a record.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
-from mechanisms._checks import Problems, check_delta, check_epsilon
+from agt.errors import PrivacyError
 
-RELATIONS: tuple[str, ...] = ("replace-one", "add-remove")
+from mechanisms.checks import check_delta, check_epsilon, privacy_problems
+
+REPLACE_ONE = "replace-one"
+ADD_REMOVE = "add-remove"
+RELATIONS: tuple[str, ...] = (REPLACE_ONE, ADD_REMOVE)
 
 
-def check_relation(relation: object, problems: Problems) -> None:
+def check_relation(relation: object, problems) -> None:
     """The neighbouring relation must be one of RELATIONS."""
     if relation not in RELATIONS:
-        problems.privacy.append(
-            f"relation must be one of {RELATIONS} (the one the bundle certifies), got {relation!r}")
+        problems.add(f"relation must be one of {RELATIONS}, got {relation!r}", PrivacyError)
+
+
+def _up(x: float) -> float:
+    return math.nextafter(x, math.inf) if math.isfinite(x) else x
 
 
 @dataclass(frozen=True)
@@ -38,12 +53,12 @@ class Guarantee:
     note: str = ""
 
     def __post_init__(self) -> None:
-        problems = Problems()
+        problems = privacy_problems()
         check_epsilon(self.epsilon, problems)
         check_delta(self.delta, problems, allow_zero=True)
         check_relation(self.relation, problems)
         if not isinstance(self.mechanism, str) or not self.mechanism:
-            problems.privacy.append(f"mechanism must be a non-empty name, got {self.mechanism!r}")
+            problems.add(f"mechanism must be a non-empty name, got {self.mechanism!r}")
         problems.raise_if_any()
 
     @property
@@ -51,3 +66,20 @@ class Guarantee:
         """True for pure epsilon-DP (delta = 0)."""
         return self.delta == 0
 
+    def in_relation(self, relation: str) -> "Guarantee":
+        """This guarantee stated under `relation` (see the module docstring); raises
+        PrivacyError where no conversion holds."""
+        if relation == self.relation:
+            return self
+        if self.relation == ADD_REMOVE and relation == REPLACE_ONE:
+            eps = 2.0 * self.epsilon
+            delta = 0.0 if self.delta == 0 else _up((1.0 + math.exp(self.epsilon)) * self.delta)
+            if not math.isfinite(eps) or (self.delta > 0 and delta >= 1.0):
+                raise PrivacyError(f"the add-remove guarantee ({self.epsilon}, {self.delta}) "
+                                   f"gives no useful replace-one guarantee")
+            return dataclasses.replace(
+                self, epsilon=eps, delta=delta, relation=REPLACE_ONE,
+                note=f"{self.note}; converted from add-remove ({self.epsilon!r}, "
+                     f"{self.delta!r}) by group privacy over 2 records".lstrip("; "))
+        raise PrivacyError(f"a {self.relation} guarantee says nothing about {relation} "
+                           f"neighbours; use a ledger of relation {self.relation}")

@@ -1,52 +1,64 @@
-"""Persistent privacy ledger (SQLite): check, then commit, then release.
+"""The privacy ledger: the one door from certified predictions to released labels.
 
-A ledger holds one total budget (eps_T, delta_T), an accountant (accounting.py) and an
-append-only table of releases. `Ledger.spend(entries, release_fn)` is the only way to release:
+A ledger is an SQLite file bound to one private dataset (its sha256) and one neighbouring
+relation, with a total budget (eps_T, delta_T) and an accountant (accounting.py). It holds
+an append-only table of what was charged. `Ledger.release(mechanism, inputs)` is the only way
+to release:
 
-  1. BEGIN IMMEDIATE -- takes SQLite's write lock, so checks from concurrent processes are
-     serialised (others wait up to `timeout` seconds instead of failing);
-  2. compose every recorded spend plus the new entries with the accountant; if the total is
-     over (eps_T, delta_T), roll back and raise BudgetExceededError: nothing is recorded and
-     release_fn is never called;
-  3. INSERT the entries and COMMIT (a batch of Q releases is one transaction);
-  4. only then call release_fn() and return its answer.
+  1. the mechanism checks the inputs (kind, classes, radii and their smoothness proof) and
+     states its per-query guarantee under the ledger's relation (converted by group privacy
+     where the inputs are certified under another relation, guarantee.py); inputs of another
+     dataset are refused (the first release binds a ledger created without a dataset);
+  2. BEGIN IMMEDIATE -- SQLite's write lock: checks from concurrent processes are
+     serialised (others wait up to `timeout` seconds);
+  3. the accountant composes every recorded spend with the Q new ones; over (eps_T, delta_T):
+     ROLLBACK and BudgetExceededError, nothing recorded, no noise drawn;
+  4. INSERT one row per query and COMMIT (a batch is one transaction);
+  5. only then the mechanism draws the noise, from the operating system's secure source
+     unless an `insecure_*` argument (experiments) is given, which every row records.
 
-So an answer is never returned without its record. A crash after the commit loses the answer
-but keeps the spend (budget spent, nothing released: the safe side); a crash before the commit
-leaves no trace. Totals are rounded up (accounting.py) and compared without tolerance, so
-rounding can refuse a release that is exactly at the budget in real arithmetic, never allow
-one that is over it.
+So the recorded cost and the drawn noise come from the same object and cannot disagree, and
+no answer leaves without its record. A crash after the commit loses the answer but keeps the
+spend (budget spent, nothing released: the safe side); a crash before it leaves no trace.
 
-The epsilons recorded are with respect to the neighbouring relation of the bundles whose
-releases they account for (the caller records it in `note`); one ledger should serve one
-relation. Advanced and tight accounting assume spends planned in advance (see accounting.py);
-for adaptively chosen heterogeneous epsilons use the "standard" accountant.
+Accountants. "standard" composition is valid for spends chosen adaptively. "advanced",
+"best" (the smaller of standard and advanced) and "tight" (PLD) compose a sequence fixed in
+advance; such a ledger is created with a fixed per-query guarantee (per_query_epsilon,
+per_query_delta) and charges every release at exactly that value (a release whose own
+guarantee is smaller is charged the fixed value; a larger one is refused). Totals are rounded
+up and compared without tolerance.
+
+Files. The ledger runs in SQLite's rollback-journal mode with synchronous writes: every
+committed spend is in the main file; a ``<ledger>-journal`` beside it exists only during a
+transaction (or after a crash inside one, until the next open rolls it back).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
-import random
+import secrets
 import sqlite3
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TypeVar
+from pathlib import Path
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
-from agt.errors import BudgetExceededError, PrivacyError
+from agt.errors import BudgetExceededError, PrivacyError, Problems
 
-from mechanisms._checks import Problems, check_delta, check_epsilon
-from mechanisms.accounting import Accountant, Composition, SpendGroup
-from mechanisms.guarantee import Guarantee
+from mechanisms.accounting import ACCOUNTANTS, Accountant, Composition, SpendGroup
+from mechanisms.base import Mechanism
+from mechanisms.checks import check_delta, check_epsilon, privacy_problems
+from mechanisms.guarantee import REPLACE_ONE, Guarantee, check_relation
+from mechanisms.noise import make_generator
 
-T = TypeVar("T")
-
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_TABLES = {"ledger_meta", "releases", "sqlite_sequence"}
+_FIXED_ACCOUNTANTS = ("best", "advanced", "tight")
 
 # One statement each: sqlite3's executescript would COMMIT the open transaction first.
 _SCHEMA = (
@@ -57,21 +69,28 @@ _SCHEMA = (
         budget_delta REAL NOT NULL CHECK (budget_delta >= 0 AND budget_delta < 1),
         accountant TEXT NOT NULL,
         delta_prime REAL,
+        per_query_epsilon REAL,
+        per_query_delta REAL,
+        relation TEXT NOT NULL,
+        dataset_sha256 TEXT,
         created TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS releases (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         time TEXT NOT NULL,
-        bundle_id TEXT NOT NULL,
+        source_id TEXT NOT NULL,
         query_hash TEXT NOT NULL,
         mechanism TEXT NOT NULL,
         epsilon REAL NOT NULL CHECK (epsilon > 0),
         delta REAL NOT NULL CHECK (delta >= 0 AND delta < 1),
+        seeded INTEGER NOT NULL,
         note TEXT NOT NULL)""",
     """CREATE TRIGGER IF NOT EXISTS releases_no_update BEFORE UPDATE ON releases
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
     """CREATE TRIGGER IF NOT EXISTS releases_no_delete BEFORE DELETE ON releases
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
 )
+
+__all__ = ["Ledger", "Release", "LedgerEntry", "hash_query", "default_ledger_path"]
 
 
 def hash_query(query: ArrayLike) -> str:
@@ -84,171 +103,181 @@ def hash_query(query: ArrayLike) -> str:
     return digest.hexdigest()
 
 
-@dataclass(frozen=True)
-class Spend:
-    """One release to record: it is (epsilon, delta)-DP; who/what it was for."""
+def default_ledger_path(dataset_sha256: str) -> Path:
+    """The ledger of a private dataset when none is named: one dataset, one default ledger,
+    whichever bundle, ensemble or copy releases from it.
 
-    epsilon: float
-    delta: float = 0.0
-    mechanism: str = "unspecified"
-    bundle_id: str = ""
-    query_hash: str = ""
-    note: str = ""
-
-    def __post_init__(self) -> None:
-        problems = Problems()
-        check_epsilon(self.epsilon, problems)
-        check_delta(self.delta, problems, allow_zero=True)
-        for name in ("mechanism", "bundle_id", "query_hash", "note"):
-            if not isinstance(getattr(self, name), str):
-                problems.privacy.append(f"{name} must be a string, got {getattr(self, name)!r}")
-        problems.raise_if_any()
-
-    @classmethod
-    def from_guarantee(cls, guarantee: Guarantee, bundle_id: str = "", query_hash: str = ""
-                       ) -> Spend:
-        """The spend of one query released with `guarantee` (relation kept in the note)."""
-        note = f"relation={guarantee.relation}; {guarantee.note}".rstrip("; ")
-        return cls(guarantee.epsilon, guarantee.delta, guarantee.mechanism, bundle_id,
-                   query_hash, note)
+    ``$AGT_LEDGER_DIR`` (default ``~/.agt/ledgers``) / ``<name>.db`` with name = the first 20
+    hex digits of HMAC-SHA256(key, dataset hash), the key 32 random bytes kept in ``.key``
+    in that folder (created on first use, owner-readable only). A name derived from the raw
+    dataset hash would let anyone who sees the path test candidate datasets against it."""
+    base = Path(os.environ.get("AGT_LEDGER_DIR") or Path.home() / ".agt" / "ledgers").expanduser()
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        key_file = base / ".key"
+        if not key_file.exists():
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(secrets.token_bytes(32))
+        key = key_file.read_bytes()
+    except FileExistsError:          # another process created it between the two calls
+        key = (base / ".key").read_bytes()
+    except OSError as exc:
+        raise PrivacyError(f"cannot use the default ledger folder {base} ({exc.strerror or exc}); "
+                           f"set AGT_LEDGER_DIR or give --ledger") from None
+    if len(key) < 16:
+        raise PrivacyError(f"{base / '.key'} is damaged (too short); restore it or give --ledger")
+    name = hmac.new(key, dataset_sha256.encode(), hashlib.sha256).hexdigest()[:20]
+    return base / f"{name}.db"
 
 
 @dataclass(frozen=True)
 class Release:
-    """A recorded release (a row of the ledger)."""
+    """What leaves the door: the released labels (REFUSED = -1 where the mechanism gave no
+    answer) and the per-query guarantee they come with, under the ledger's relation."""
+
+    labels: NDArray[np.int64]
+    guarantee: Guarantee
+    mechanism: str
+    charged_epsilon: float
+    charged_delta: float
+    seeded: bool
+
+    @property
+    def n_queries(self) -> int:
+        return int(self.labels.shape[0])
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """A recorded charge (a row of the ledger)."""
 
     id: int
     time: str
-    bundle_id: str
+    source_id: str
     query_hash: str
     mechanism: str
     epsilon: float
     delta: float
+    seeded: bool
     note: str
 
 
-def _as_spend(entry: Spend | tuple[float, float]) -> Spend:
-    if isinstance(entry, Spend):
-        return entry
-    if isinstance(entry, tuple) and len(entry) == 2:
-        return Spend(entry[0], entry[1])
-    raise PrivacyError(f"a spend must be a Spend or an (epsilon, delta) pair, got {entry!r}")
+@dataclass(frozen=True)
+class _Charge:
+    epsilon: float
+    delta: float
+    mechanism: str
+    source_id: str
+    query_hash: str
+    seeded: bool
+    note: str
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
 class Ledger:
     """A privacy-budget ledger stored in one SQLite file; see the module docstring."""
 
-    def __init__(self, connection: sqlite3.Connection, path: str, budget_epsilon: float,
-                 budget_delta: float, accountant: Accountant):
+    def __init__(self, connection: sqlite3.Connection, path: str, meta: dict):
         self._conn = connection
         self.path = path
-        self.budget_epsilon = budget_epsilon
-        self.budget_delta = budget_delta
-        self.accountant = accountant
+        self.budget_epsilon: float = meta["budget_epsilon"]
+        self.budget_delta: float = meta["budget_delta"]
+        self.accountant = Accountant(meta["accountant"], meta["delta_prime"])
+        self.relation: str = meta["relation"]
+        self.per_query: tuple[float, float] | None = (
+            None if meta["per_query_epsilon"] is None
+            else (meta["per_query_epsilon"], meta["per_query_delta"]))
+        self._dataset: str | None = meta["dataset_sha256"]
 
     # -- opening --------------------------------------------------------------------------
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], budget_epsilon: float | None = None,
-             budget_delta: float | None = None, accountant: str | None = None,
-             delta_prime: float | None = None, timeout: float = 60.0) -> Ledger:
-        """Open the ledger at `path`, creating it with the given budget if it does not exist.
+             budget_delta: float | None = None, accountant: str | None = None, *,
+             relation: str | None = None, dataset_sha256: str | None = None,
+             per_query_epsilon: float | None = None, per_query_delta: float | None = None,
+             delta_prime: float | None = None, timeout: float = 60.0) -> "Ledger":
+        """Open the ledger at `path`, creating it if it does not exist (or is empty).
 
-        Creating needs budget_epsilon > 0 and budget_delta in [0, 1); accountant defaults to
-        "best"; delta_prime None means the slack of advanced/tight composition is whatever
-        delta budget the spends leave. Re-opening checks every value given against the stored
-        one and refuses a mismatch (None means: use the stored value).
-        `timeout`: seconds to wait for another process's transaction.
+        Creating needs budget_epsilon > 0; budget_delta defaults to 0 (pure eps-DP),
+        relation to replace-one, accountant to "standard" without a per-query guarantee and
+        to "best" with one. Re-opening checks every value given against the stored one and
+        refuses a mismatch (None: use the stored value). `timeout`: seconds to wait for
+        another process's transaction.
         """
         path = os.fspath(path)
-        problems = Problems()
-        if budget_epsilon is not None:
-            check_epsilon(budget_epsilon, problems, name="budget_epsilon")
-        if budget_delta is not None:
-            check_delta(budget_delta, problems, name="budget_delta", allow_zero=True)
-        problems.raise_if_any()
-        if accountant is not None or delta_prime is not None:
-            Accountant(accountant or "best", delta_prime)  # validates both
+        given = dict(budget_epsilon=budget_epsilon, budget_delta=budget_delta,
+                     accountant=accountant, relation=relation, dataset_sha256=dataset_sha256,
+                     per_query_epsilon=per_query_epsilon, per_query_delta=per_query_delta,
+                     delta_prime=delta_prime)
+        _check_given(given)
+        if path != ":memory:":
+            parent = Path(path).expanduser().parent
+            if not parent.is_dir():
+                raise PrivacyError(f"cannot open the privacy ledger {path}: {parent} is not an "
+                                   f"existing folder")
         try:
             conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
         except sqlite3.Error as exc:
             raise PrivacyError(f"cannot open the privacy ledger {path} ({exc}); give a path "
-                               "in an existing, writable directory") from exc
+                               "in an existing, writable directory") from None
         try:
-            _set_wal(conn, timeout)
+            conn.execute("PRAGMA journal_mode = DELETE").fetchone()
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("BEGIN IMMEDIATE")
             try:
+                tables = {r[0] for r in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+                foreign = tables - _TABLES
+                if foreign or (tables and "ledger_meta" not in tables):
+                    raise PrivacyError(
+                        f"{path} is an SQLite database of another application (tables "
+                        f"{sorted(tables)[:5]}); refusing to add a ledger to it: give the path "
+                        f"of a ledger or of a new file")
                 for statement in _SCHEMA:
                     conn.execute(statement)
-                row = conn.execute("SELECT format_version, budget_epsilon, budget_delta, "
-                                   "accountant, delta_prime FROM ledger_meta").fetchone()
-                if row is None:
-                    stored = cls._create(conn, path, budget_epsilon, budget_delta,
-                                         accountant, delta_prime)
+                meta = _read_meta(conn, path)
+                if meta is None:
+                    meta = _create(conn, path, given)
                 else:
-                    stored = cls._reopen(path, row, budget_epsilon, budget_delta, accountant,
-                                         delta_prime)
+                    _compare(path, meta, given)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.Error as exc:
             conn.close()
-            raise PrivacyError(f"{path} is not a usable privacy ledger ({exc}); give the path "
-                               "of a ledger file or of a new file") from exc
+            raise PrivacyError(f"{path} is not a usable privacy ledger ({_sqlite_reason(exc)})"
+                               ) from None
         except BaseException:
             conn.close()
             raise
-        eps_t, delta_t, acc = stored
-        return cls(conn, path, eps_t, delta_t, acc)
+        return cls(conn, path, meta)
 
-    @staticmethod
-    def _create(conn: sqlite3.Connection, path: str, budget_epsilon: float | None,
-                budget_delta: float | None, accountant: str | None,
-                delta_prime: float | None) -> tuple[float, float, Accountant]:
-        if budget_epsilon is None or budget_delta is None:
-            raise PrivacyError(f"{path} is a new ledger: give budget_epsilon and budget_delta "
-                               "(0 for pure eps-DP releases)")
-        acc = Accountant(accountant or "best", delta_prime)
-        if delta_prime is not None and delta_prime >= budget_delta:
-            raise PrivacyError(f"delta_prime={delta_prime!r} must be below budget_delta="
-                               f"{budget_delta!r}; lower delta_prime or leave it None")
-        if acc.name == "advanced" and budget_delta == 0:
-            raise PrivacyError("the advanced accountant needs budget_delta > 0 (its slack "
-                               "delta' comes out of it); use 'standard' for a pure-eps budget")
-        conn.execute("INSERT INTO ledger_meta VALUES (1, ?, ?, ?, ?, ?, ?)",
-                     (FORMAT_VERSION, float(budget_epsilon), float(budget_delta), acc.name,
-                      None if delta_prime is None else float(delta_prime), _now()))
-        return float(budget_epsilon), float(budget_delta), acc
-
-    @staticmethod
-    def _reopen(path: str, row: tuple, budget_epsilon: float | None,
-                budget_delta: float | None, accountant: str | None,
-                delta_prime: float | None) -> tuple[float, float, Accountant]:
-        version, eps_t, delta_t, acc_name, stored_prime = row
-        if version != FORMAT_VERSION:
-            raise PrivacyError(f"{path} has ledger format {version}, this code reads "
-                               f"{FORMAT_VERSION}; use a matching version of mechanisms")
-        given = {"budget_epsilon": (budget_epsilon, eps_t), "budget_delta": (budget_delta, delta_t),
-                 "accountant": (accountant, acc_name), "delta_prime": (delta_prime, stored_prime)}
-        mismatch = [f"{k}={new!r} (stored {old!r})" for k, (new, old) in given.items()
-                    if new is not None and new != old]
-        if mismatch:
-            raise PrivacyError(f"{path} was created with a different budget: "
-                               f"{', '.join(mismatch)}; omit these arguments to use the "
-                               "stored values, or use a new ledger file")
-        return eps_t, delta_t, Accountant(acc_name, stored_prime)
+    @classmethod
+    def in_memory(cls, budget_epsilon: float, budget_delta: float = 0.0,
+                  accountant: str | None = None, **kwargs) -> "Ledger":
+        """A ledger that lives in memory only (experiments: one per simulated deployment)."""
+        return cls.open(":memory:", budget_epsilon, budget_delta, accountant, **kwargs)
 
     def close(self) -> None:
         self._conn.close()
 
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> "Ledger":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def dataset_sha256(self) -> str | None:
+        """The private dataset this ledger accounts for (None until the first release)."""
+        return self._dataset
 
     # -- accounting -----------------------------------------------------------------------
 
@@ -265,87 +294,246 @@ class Ledger:
             [(e, d, c) for (e, d), c in sorted(merged.items())], delta_budget=self.budget_delta)
 
     def spent(self) -> Composition:
-        """Composed guarantee of everything recorded so far (accountant's total)."""
+        """Composed guarantee of everything recorded so far (the accountant's total)."""
         return self._compose(self._recorded_groups())
 
     def remaining(self) -> tuple[float, float]:
         """(eps_T - spent eps, delta_T - spent delta). Under advanced/tight composition this
-        is not additive: ask `can_spend` whether a release fits."""
+        is not additive: use `fits` to ask whether a release fits."""
         spent = self.spent()
         return self.budget_epsilon - spent.epsilon, self.budget_delta - spent.delta
 
-    def can_spend(self, entries: Sequence[Spend | tuple[float, float]]) -> bool:
-        """Would recording `entries` on top of the recorded spends stay within the budget?
-        (Advisory: another process may spend in between; `spend` re-checks atomically.)"""
-        new = _groups_of([_as_spend(e) for e in entries])
-        return self._compose(self._recorded_groups() + new).fits(self.budget_epsilon,
-                                                                 self.budget_delta)
+    def fits(self, n_queries: int, epsilon: float, delta: float = 0.0) -> bool:
+        """Would n_queries more charges of (epsilon, delta) stay within the budget?
+        (Advisory: another process may spend in between; `release` re-checks atomically.)"""
+        groups = self._recorded_groups() + [(float(epsilon), float(delta), int(n_queries))]
+        return self._compose(groups).fits(self.budget_epsilon, self.budget_delta)
 
-    # -- the release path -----------------------------------------------------------------
+    def charge_for(self, guarantee: Guarantee) -> tuple[float, float]:
+        """The (eps, delta) charged per query for a release with `guarantee` (in the ledger's
+        relation): the guarantee itself, or the fixed per-query guarantee (refused if the
+        release's is larger)."""
+        if guarantee.relation != self.relation:
+            raise PrivacyError(f"internal: a {guarantee.relation} guarantee offered to a "
+                               f"{self.relation} ledger")
+        if self.per_query is None:
+            return guarantee.epsilon, guarantee.delta
+        eps_q, delta_q = self.per_query
+        if guarantee.epsilon > eps_q or guarantee.delta > delta_q:
+            raise PrivacyError(
+                f"this ledger fixes every release at ({eps_q!r}, {delta_q!r}) per query (its "
+                f"{self.accountant.name} accountant composes a sequence fixed in advance); "
+                f"{guarantee.mechanism} at ({guarantee.epsilon!r}, {guarantee.delta!r}) does "
+                f"not fit it: release at most that much per query, or use a ledger with the "
+                f"standard accountant")
+        return eps_q, delta_q
 
-    def spend(self, entries: Sequence[Spend | tuple[float, float]],
-              release_fn: Callable[[], T]) -> T:
-        """Record `entries` if they fit the budget, then return release_fn().
+    # -- the door -------------------------------------------------------------------------
 
-        Check and insert happen in one BEGIN IMMEDIATE transaction; release_fn is called only
-        after the COMMIT. Raises BudgetExceededError (nothing recorded, release_fn not called)
-        if the composed total would exceed (eps_T, delta_T). An exception from release_fn
-        propagates; its spend stays recorded.
+    def release(self, mechanism: Mechanism, inputs, *, insecure_seed: int | None = None,
+                insecure_rng: np.random.Generator | None = None) -> Release:
+        """Check, record, then draw: the released labels of `mechanism` on `inputs`.
+
+        Raises before anything is recorded or drawn for: inputs the mechanism refuses,
+        inputs of another dataset, a guarantee that does not hold under the ledger's
+        relation or does not fit its fixed per-query guarantee, and a budget that would be
+        exceeded (BudgetExceededError). `insecure_seed` / `insecure_rng` replace the
+        operating system's secure randomness (experiments and tests only: anyone who knows
+        the seed can remove the noise); every row of such a release records it.
         """
-        spends = [_as_spend(e) for e in entries]
-        if not spends:
-            raise PrivacyError("spend needs at least one entry; pass one Spend per release")
+        if not isinstance(mechanism, Mechanism):
+            raise PrivacyError(f"release needs a mechanism object (mechanisms.make_mechanism), "
+                               f"got {type(mechanism).__name__}")
+        mechanism.check(inputs)
+        guarantee = mechanism.guarantee_for(inputs, self.relation)
+        eps_c, delta_c = self.charge_for(guarantee)
+        if insecure_seed is not None and insecure_rng is not None:
+            raise PrivacyError("give insecure_seed or insecure_rng, not both")
+        if insecure_seed is not None and (isinstance(insecure_seed, bool) or
+                                          not isinstance(insecure_seed, (int, np.integer))
+                                          or insecure_seed < 0):
+            raise PrivacyError(f"insecure_seed must be an integer >= 0, got {insecure_seed!r}")
+        if insecure_rng is not None and not isinstance(insecure_rng, np.random.Generator):
+            raise PrivacyError("insecure_rng must be a numpy Generator")
+        seeded = insecure_seed is not None or insecure_rng is not None
+        rng = insecure_rng if insecure_rng is not None else make_generator(insecure_seed)
+        n = inputs.n_queries
+        if n == 0:
+            raise PrivacyError("nothing to release: the inputs hold no query")
+        ids = inputs.query_ids or ("",) * n
+        note = f"relation={self.relation}; {guarantee.note}"
+        if (eps_c, delta_c) != (guarantee.epsilon, guarantee.delta):
+            note += (f"; own guarantee ({guarantee.epsilon!r}, {guarantee.delta!r}) charged at "
+                     f"the ledger's fixed ({eps_c!r}, {delta_c!r})")
+        if seeded:
+            note += (f"; INSECURE seeded noise (seed {insecure_seed})" if insecure_seed is not None
+                     else "; INSECURE seeded noise (experiment generator)")
+        charges = [_Charge(eps_c, delta_c, mechanism.name, inputs.source.source_id, ids[i],
+                           seeded, note) for i in range(n)]
+        self._commit(charges, inputs.source.dataset_sha256)
+        labels = mechanism.release(inputs, rng)
+        return Release(labels, guarantee, mechanism.name, eps_c, delta_c, seeded)
+
+    def _commit(self, charges: Sequence[_Charge], dataset_sha256: str) -> None:
+        """Check the budget and record `charges` in one transaction (no draw here)."""
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            total = self._compose(self._recorded_groups() + _groups_of(spends))
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise PrivacyError(f"cannot write the privacy ledger {self.path} "
+                               f"({_sqlite_reason(exc)}); nothing was released") from None
+        try:
+            row = conn.execute("SELECT dataset_sha256 FROM ledger_meta").fetchone()
+            bound = row[0]
+            if bound is not None and bound != dataset_sha256:
+                raise PrivacyError(
+                    f"the ledger {self.path} accounts for dataset {bound[:16]}..., these "
+                    f"inputs come from dataset {dataset_sha256[:16]}...: one ledger per private "
+                    f"dataset (use that dataset's own ledger)")
+            groups: dict[tuple[float, float], int] = {}
+            for c in charges:
+                groups[(c.epsilon, c.delta)] = groups.get((c.epsilon, c.delta), 0) + 1
+            new = [(e, d, k) for (e, d), k in groups.items()]
+            total = self._compose(self._recorded_groups() + new)
             if not total.fits(self.budget_epsilon, self.budget_delta):
                 raise BudgetExceededError(
-                    f"{len(spends)} release(s) would bring the total to (eps={total.epsilon!r}, "
-                    f"delta={total.delta!r}) under {total.method} composition, over the "
-                    f"budget (eps={self.budget_epsilon!r}, delta={self.budget_delta!r}); nothing "
-                    "was released: lower the per-query epsilon or use a ledger with more budget")
+                    f"{len(charges)} release(s) would bring the total to "
+                    f"(eps={total.epsilon!r}, delta={total.delta!r}) under {total.method} "
+                    f"composition, over the budget (eps={self.budget_epsilon!r}, "
+                    f"delta={self.budget_delta!r}); nothing was released: lower the per-query "
+                    f"epsilon or the number of queries")
+            if bound is None:
+                conn.execute("UPDATE ledger_meta SET dataset_sha256 = ?", (dataset_sha256,))
             now = _now()
             conn.executemany(
-                "INSERT INTO releases (time, bundle_id, query_hash, mechanism, epsilon, delta, "
-                "note) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(now, s.bundle_id, s.query_hash, s.mechanism, float(s.epsilon),
-                  float(s.delta), s.note) for s in spends])
+                "INSERT INTO releases (time, source_id, query_hash, mechanism, epsilon, delta, "
+                "seeded, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(now, c.source_id, c.query_hash, c.mechanism, float(c.epsilon),
+                  float(c.delta), int(c.seeded), c.note) for c in charges])
             conn.execute("COMMIT")
+            self._dataset = dataset_sha256
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise PrivacyError(f"cannot write the privacy ledger {self.path} "
+                               f"({_sqlite_reason(exc)}); nothing was released") from None
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        return release_fn()
 
-    def releases(self) -> list[Release]:
-        """All recorded releases, oldest first."""
-        rows = self._conn.execute("SELECT id, time, bundle_id, query_hash, mechanism, epsilon, "
-                                  "delta, note FROM releases ORDER BY id").fetchall()
-        return [Release(*row) for row in rows]
-
-
-def _groups_of(spends: Sequence[Spend]) -> list[SpendGroup]:
-    counts: dict[tuple[float, float], int] = {}
-    for s in spends:
-        key = (float(s.epsilon), float(s.delta))
-        counts[key] = counts.get(key, 0) + 1
-    return [(e, d, c) for (e, d), c in counts.items()]
+    def entries(self) -> list[LedgerEntry]:
+        """Every recorded charge, oldest first."""
+        rows = self._conn.execute("SELECT id, time, source_id, query_hash, mechanism, epsilon, "
+                                  "delta, seeded, note FROM releases ORDER BY id").fetchall()
+        return [LedgerEntry(*row[:7], bool(row[7]), row[8]) for row in rows]
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+# -- creation and comparison ---------------------------------------------------------------
+
+def _check_given(given: dict) -> None:
+    problems = privacy_problems("privacy ledger")
+    if given["budget_epsilon"] is not None:
+        check_epsilon(given["budget_epsilon"], problems, name="budget_epsilon")
+    if given["budget_delta"] is not None:
+        check_delta(given["budget_delta"], problems, name="budget_delta", allow_zero=True)
+    if given["accountant"] is not None and given["accountant"] not in ACCOUNTANTS:
+        problems.add(f"accountant must be one of {ACCOUNTANTS}, got {given['accountant']!r}")
+    if given["relation"] is not None:
+        check_relation(given["relation"], problems)
+    if given["per_query_epsilon"] is not None:
+        check_epsilon(given["per_query_epsilon"], problems, name="per_query_epsilon")
+    if given["per_query_delta"] is not None:
+        check_delta(given["per_query_delta"], problems, name="per_query_delta",
+                    allow_zero=True)
+    if given["delta_prime"] is not None:
+        check_delta(given["delta_prime"], problems, name="delta_prime")
+    sha = given["dataset_sha256"]
+    if sha is not None and (not isinstance(sha, str) or len(sha) != 64):
+        problems.add(f"dataset_sha256 must be a 64-digit hex string, got {sha!r}")
+    problems.raise_if_any()
 
 
-def _set_wal(conn: sqlite3.Connection, timeout: float) -> None:
-    """Switch to WAL journaling; the switch can report 'locked' without waiting for the busy
-    handler while another process opens the file, so retry until `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(random.uniform(0.01, 0.05))
+def _read_meta(conn: sqlite3.Connection, path: str) -> dict | None:
+    cols = [r[1] for r in conn.execute("PRAGMA table_info(ledger_meta)")]
+    row = conn.execute("SELECT * FROM ledger_meta").fetchone()
+    if row is None:
+        return None
+    meta = dict(zip(cols, row))
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise PrivacyError(f"{path} is a ledger of format {meta.get('format_version')!r}; this "
+                           f"code reads format {FORMAT_VERSION} (ledgers bound to one dataset "
+                           f"and relation); start a new ledger file")
+    return meta
+
+
+def _create(conn: sqlite3.Connection, path: str, given: dict) -> dict:
+    eps_t = given["budget_epsilon"]
+    if eps_t is None:
+        raise PrivacyError(f"{path} is a new ledger: give its total budget (budget_epsilon, "
+                           f"and budget_delta, default 0 for pure eps-DP releases)")
+    delta_t = 0.0 if given["budget_delta"] is None else float(given["budget_delta"])
+    pq_eps, pq_delta = given["per_query_epsilon"], given["per_query_delta"]
+    if pq_eps is None and pq_delta is not None:
+        raise PrivacyError("per_query_delta needs per_query_epsilon")
+    if pq_eps is not None and pq_delta is None:
+        pq_delta = 0.0
+    accountant = given["accountant"] or ("standard" if pq_eps is None else "best")
+    if accountant in _FIXED_ACCOUNTANTS and pq_eps is None:
+        raise PrivacyError(
+            f"the {accountant} accountant composes a sequence of per-query guarantees fixed in "
+            f"advance, not epsilons chosen release by release: create the ledger with a fixed "
+            f"per-query (epsilon, delta), or use the standard accountant")
+    if accountant == "standard" and pq_eps is not None:
+        pq_eps = pq_delta = None       # standard composition needs no fixed plan
+    delta_prime = given["delta_prime"]
+    Accountant(accountant, delta_prime)
+    if delta_prime is not None and delta_prime >= delta_t:
+        raise PrivacyError(f"delta_prime={delta_prime!r} must be below budget_delta="
+                           f"{delta_t!r}; lower delta_prime or leave it unset")
+    if accountant == "advanced" and delta_t == 0:
+        raise PrivacyError("the advanced accountant needs budget_delta > 0 (its slack delta' "
+                           "comes out of it); use 'standard' for a pure-eps budget")
+    if pq_eps is not None and (pq_eps > eps_t or pq_delta > delta_t):
+        raise PrivacyError(f"the per-query guarantee ({pq_eps!r}, {pq_delta!r}) exceeds the "
+                           f"total budget ({eps_t!r}, {delta_t!r})")
+    meta = {"format_version": FORMAT_VERSION, "budget_epsilon": float(eps_t),
+            "budget_delta": delta_t, "accountant": accountant, "delta_prime": delta_prime,
+            "per_query_epsilon": None if pq_eps is None else float(pq_eps),
+            "per_query_delta": None if pq_delta is None else float(pq_delta),
+            "relation": given["relation"] or REPLACE_ONE,
+            "dataset_sha256": given["dataset_sha256"], "created": _now()}
+    conn.execute("INSERT INTO ledger_meta (id, " + ", ".join(meta) + ") VALUES (1, "
+                 + ", ".join("?" * len(meta)) + ")", tuple(meta.values()))
+    return meta
+
+
+def _compare(path: str, meta: dict, given: dict) -> None:
+    stored, new = meta.get("dataset_sha256"), given.get("dataset_sha256")
+    if stored is not None and new is not None and stored != new:
+        raise PrivacyError(f"the ledger {path} accounts for another private dataset; one ledger "
+                           f"per private dataset (use that dataset's own ledger)")
+    mismatch = []
+    for key, value in given.items():
+        if value is None:
+            continue
+        stored = meta.get(key)
+        if key == "dataset_sha256" and stored is None:
+            continue           # bound by the first release
+        if key in ("per_query_epsilon", "per_query_delta") and meta["accountant"] == "standard":
+            continue           # a standard ledger fixes no per-query guarantee
+        if value != stored:
+            mismatch.append(f"{key}={value!r} (stored {stored!r})")
+    if mismatch:
+        raise PrivacyError(f"{path} was created with other settings: {', '.join(mismatch)}; "
+                           f"omit these arguments to use the stored values, or use another "
+                           f"ledger file")
+
+
+def _sqlite_reason(exc: sqlite3.Error) -> str:
+    text = str(exc)
+    if "readonly" in text or "read-only" in text:
+        return "the file or its folder is read-only"
+    if "locked" in text:
+        return "another process holds it locked; try again"
+    return text

@@ -43,6 +43,22 @@ def with_train(ds: Dataset, x: np.ndarray, y: np.ndarray) -> Dataset:
                    ds.x_test, ds.y_test, ds.n_classes, dict(ds.meta))
 
 
+def restamp(path) -> None:
+    """Recompute a bundle's content hash after a test edited the file, so that the reader's
+    checks behind the hash (containment, nesting, NaN, ...) are what the test meets."""
+    import h5py
+
+    from agt import store
+
+    with h5py.File(path, "a") as f:
+        attrs = store._read_attrs(f, path)
+        spec = store.ModelSpec.from_json(attrs["model"])
+        arrays = [(p, np.asarray(f[p])) for p in
+                  store.dataset_paths(spec.param_shapes, [int(k) for k in attrs["k_values"]])]
+        f.attrs["content_sha256"] = store._content_hash(
+            {k: v for k, v in attrs.items() if k != "content_sha256"}, arrays)
+
+
 def logits(spec, params, x, dtype) -> torch.Tensor:
     net = Network(spec.layers, 0)
     with torch.no_grad():

@@ -1,0 +1,86 @@
+"""Formatting and argument helpers shared by the commands (the only printing code)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Sequence
+
+
+def summary_ks(k_values: Sequence[int], limit: int = 12) -> list[int]:
+    """A readable subset of a k grid: all of it if short, else its ends and round values."""
+    k_values = list(k_values)
+    if len(k_values) <= limit:
+        return k_values
+    picks = {k_values[0], k_values[-1]}
+    for target in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000):
+        candidates = [k for k in k_values if k <= target]
+        if candidates:
+            picks.add(candidates[-1])
+    return sorted(picks)
+
+
+def certified_fractions(frac: dict[int, float], k_values: Sequence[int], label: str = "") -> str:
+    return "\n".join(f"  k={k:<6d} {label}{frac[k]:.4f}" for k in summary_ks(k_values))
+
+
+def guarantee_line(n: int, mechanism: str, guarantee, extra: str = "") -> str:
+    return (f"released {n} labels with {mechanism}{extra}: each ({guarantee.epsilon:.6g}, "
+            f"{guarantee.delta:.3g})-DP w.r.t. {guarantee.relation}")
+
+
+def ledger_line(ledger) -> str:
+    spent = ledger.spent()
+    return (f"ledger {ledger.path}: spent eps={spent.epsilon:.6g}, delta={spent.delta:.3g} "
+            f"({spent.method}) of the budget ({ledger.budget_epsilon:.6g}, "
+            f"{ledger.budget_delta:.3g}); relation {ledger.relation}")
+
+
+# -- argparse types: bad values become argparse's one-line usage error (exit 2) ------------
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0 or value >= 2**32:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**32), got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def unit_float(text: str) -> float:
+    """A delta: a number in [0, 1)."""
+    value = finite_float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
+    return value
+
+
+def non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a non-empty value")
+    return text

@@ -1,0 +1,42 @@
+"""Ledger handling shared by the release commands (predict, teacher-labels)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agt.errors import ConfigError, PrivacyError
+
+
+def open_ledger(path_arg: str | None, dataset_sha256: str, budget_epsilon: float | None,
+                budget_delta: float | None, accountant: str | None, relation: str | None,
+                per_query: tuple[float, float], budget_flags: str):
+    """The ledger at `path_arg`, or the private dataset's default ledger.
+
+    A new ledger (a missing or empty file) is created with the given budget, relation
+    (default replace-one) and accountant (default standard); an accountant other than
+    standard fixes `per_query` for the ledger's lifetime (accounting.py). An existing ledger
+    keeps its own settings; values given that differ from them are refused."""
+    from mechanisms import Ledger, default_ledger_path
+
+    path = Path(path_arg) if path_arg else default_ledger_path(dataset_sha256)
+    new = not path.exists() or (path.is_file() and path.stat().st_size == 0)
+    if new and budget_epsilon is None:
+        raise PrivacyError(f"{path} is a new ledger: give {budget_flags}")
+    fixed = {}
+    if new and (accountant or "standard") != "standard":
+        fixed = {"per_query_epsilon": per_query[0], "per_query_delta": per_query[1]}
+    return Ledger.open(path, budget_epsilon, budget_delta, accountant, relation=relation,
+                       dataset_sha256=dataset_sha256, **fixed)
+
+
+def write_after_spend(out: Path, writer) -> None:
+    """Write a release file after the ledger recorded the spend; a failure now cannot undo
+    the spend, so say so plainly."""
+    from agt.io import atomic_write
+
+    try:
+        atomic_write(out, writer)
+    except OSError as exc:
+        raise ConfigError(f"the release was recorded in the ledger (budget spent) but {out} "
+                          f"could not be written ({exc.strerror or exc}); the labels are "
+                          f"lost") from None

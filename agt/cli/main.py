@@ -1,0 +1,72 @@
+"""Entry point: the parser of every command and the error contract.
+
+Every user error is an `AGTError`: printed as one line ``agt: error: ...`` on stderr with exit
+status 2, and no partial output file is left behind (agt/io.py). Bad option values are
+argparse's one-line usage errors (also exit 2). SIGTERM (what `timeout` and batch schedulers
+send) is handled like Ctrl-C: temporary files are removed and the exit status is 130
+(143 for SIGTERM). A closed stdout (``agt inspect b.h5 | head``) ends the command quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from agt.errors import AGTError
+
+EXIT_USAGE = 2
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is so that cleanup handlers run."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from agt.cli import certify, inspect, predict, reproduce, teacher_labels, train
+
+    p = argparse.ArgumentParser(prog="agt", description="Abstract Gradient Training: sound "
+                                "parameter bounds and smooth-sensitivity private prediction")
+    sub = p.add_subparsers(dest="command", required=True)
+    for module in (train, inspect, certify, predict, teacher_labels, reproduce):
+        module.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:          # not the main thread: leave signals alone
+        previous = None
+    try:
+        return args.func(args)
+    except AGTError as exc:
+        print(f"agt: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    except _Terminated:
+        print("agt: terminated", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print("agt: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away (e.g. `| head`): nothing left to say; silence the flush error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""``agt predict``: privatized labels for a batch of queries, through the ledger.
+
+Order of operations (check, then commit, then release): the mechanism's parameters and the
+output path are checked first; then the bundle is read and the queries certified (owner-side
+inputs); the ledger (bound to the bundle's private dataset and one relation) checks the whole
+batch against its budget in one transaction and records it; only then is noise drawn; the
+labels are written last. Everything that can fail before the spend is checked before it; a
+failure after it (disk full) says that the budget was spent.
+
+The output holds ``index,label`` only (label -1 where a mechanism gave no answer). Radii,
+margins and the dataset or bundle hashes are never written or printed by this command: they
+are functions of the private data (``agt certify`` gives the owner the radii).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from agt.cli.format import (guarantee_line, ledger_line, non_empty, non_negative_int,
+                            positive_float, unit_float)
+from agt.cli.ledgers import open_ledger, write_after_spend
+
+
+def add_parser(sub) -> None:
+    from mechanisms import Certified, MECHANISMS, mechanism_names
+
+    names = mechanism_names(Certified)
+    p = sub.add_parser(
+        "predict", help="privatized labels within a ledgered privacy budget (a release)",
+        description="Release privatized labels for the queries of --data. Writes index,label "
+                    "only; radii are owner-only (use agt certify).")
+    p.add_argument("--bounds", required=True, help="bounds bundle (.h5)")
+    p.add_argument("--data", required=True, help="npz with the queries (x_<split> or x)")
+    p.add_argument("--split", default="test", type=non_empty)
+    p.add_argument("--mechanism", required=True, choices=names,
+                   help="; ".join(f"{n}: {MECHANISMS[n].summary}" for n in names))
+    p.add_argument("--epsilon", required=True, type=positive_float, help="per-query epsilon")
+    p.add_argument("--delta", type=unit_float, help="per-query delta ((eps, delta) mechanisms)")
+    p.add_argument("--ledger", help="SQLite privacy ledger (default: the private dataset's own "
+                   "ledger under $AGT_LEDGER_DIR or ~/.agt/ledgers); created if missing")
+    p.add_argument("--budget-epsilon", type=positive_float,
+                   help="total epsilon budget (required for a new ledger)")
+    p.add_argument("--budget-delta", type=unit_float,
+                   help="total delta budget of a new ledger (default 0)")
+    p.add_argument("--accountant", choices=("standard", "best", "advanced", "tight"),
+                   help="composition of a new ledger (default standard; the others fix the "
+                        "per-query (eps, delta) of this call for the ledger's lifetime)")
+    p.add_argument("--relation", choices=("replace-one", "add-remove"),
+                   help="neighbouring relation of a new ledger (default replace-one)")
+    p.add_argument("--insecure-seed", type=non_negative_int, metavar="N",
+                   help="EXPERIMENTS ONLY: seed the noise (anyone who knows N can remove it); "
+                        "recorded in the ledger")
+    p.add_argument("--out", required=True, type=non_empty, help="output .csv (index,label)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from agt.certify import Certifier
+    from agt.data import load_npz_queries
+    from agt.io import check_output
+    from agt.store import read_bundle
+    from mechanisms import Certified, make_mechanism
+    from mechanisms.ledger import hash_query
+
+    mechanism = make_mechanism(args.mechanism, args.epsilon, args.delta)
+    out = check_output(args.out, suffixes=(".csv",), overwrite=args.overwrite)
+    bundle = read_bundle(args.bounds)
+    x, _ = load_npz_queries(args.data, split=args.split)
+    cert = Certifier(bundle).certify(x, radii=mechanism.uses_radii)
+    inputs = Certified.from_certificate(cert, [hash_query(q) for q in x],
+                                        with_radii=mechanism.uses_radii)
+    mechanism.check(inputs)
+    per_query = mechanism.guarantee_for(inputs, args.relation or "replace-one")
+    with open_ledger(args.ledger, inputs.source.dataset_sha256, args.budget_epsilon,
+                     args.budget_delta, args.accountant, args.relation,
+                     (per_query.epsilon, per_query.delta),
+                     budget_flags="--budget-epsilon (and --budget-delta)") as ledger:
+        released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)
+        summary = ledger_line(ledger)
+
+    def write(path: Path) -> None:
+        with open(path, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["index", "label"])
+            w.writerows([i, int(v)] for i, v in enumerate(released.labels))
+
+    write_after_spend(out, write)
+    answered = int((released.labels >= 0).sum())
+    print(guarantee_line(released.n_queries, released.mechanism, released.guarantee,
+                         " (INSECURE seeded noise)" if released.seeded else ""))
+    if answered < released.n_queries:
+        print(f"answered {answered} of {released.n_queries} queries (the rest: no answer, -1)")
+    print(summary)
+    print(f"wrote {out}")
+    return 0

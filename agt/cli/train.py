@@ -1,0 +1,123 @@
+"""``agt train``: AGT training of one model or of a T-teacher ensemble (owner command).
+
+    agt train --config FILE [--data FILE.npz] [--k-values SPEC] [--out FILE.h5]
+              [--device auto|cpu|cuda] [--quiet]
+    agt train --config FILE --ensemble T [--out DIR] ...
+
+Prints the training time, the k grid, the relations certified, and (with a labelled test
+split) the nominal test accuracy and certified fractions: owner-only numbers about the
+private model, never a privacy-preserving release.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from agt.cli.format import certified_fractions, non_empty, positive_int, summary_ks
+from agt.errors import ConfigError
+
+
+def add_parser(sub) -> None:
+    t = sub.add_parser("train", help="train with AGT and write a bounds bundle (HDF5)")
+    t.add_argument("--config", required=True, help="YAML config (see configs/)")
+    t.add_argument("--data", type=non_empty, help="npz file replacing the config's data section")
+    t.add_argument("--k-values", help="k grid, e.g. 0..199 or 0,1,2,5,10")
+    t.add_argument("--out", type=non_empty,
+                   help="output .h5 (default artifacts/bundles/<config>.h5; a directory with "
+                        "--ensemble)")
+    t.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    t.add_argument("--ensemble", type=positive_int, metavar="T",
+                   help="train T >= 1 teachers on disjoint parts of the data (writes a directory)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from agt.config import load_config
+    from agt.data import load_dataset
+    from agt.io import check_output
+
+    overrides = {}
+    if args.data is not None:
+        overrides["data"] = {"name": "npz", "path": str(Path(args.data).resolve())}
+    if args.k_values is not None:
+        overrides["k_values"] = args.k_values
+    if args.device:
+        overrides["device"] = args.device
+    cfg = load_config(args.config, overrides)
+    if cfg.data is None:
+        raise ConfigError(f"{args.config} has no data section; give --data FILE.npz")
+    stem = Path(args.config).stem
+    if args.ensemble:
+        out = Path(args.out) if args.out else Path("artifacts") / "ensembles" / f"{stem}_T{args.ensemble}"
+        if out.suffix == ".h5" or (out.exists() and not out.is_dir()):
+            raise ConfigError(f"an ensemble is written as a directory; give --out DIR, not "
+                              f"{out.name}")
+    else:
+        out = check_output(Path(args.out) if args.out else
+                           Path("artifacts") / "bundles" / f"{stem}.h5", suffixes=(".h5",))
+    ds = load_dataset(cfg.data.name, cfg.data.options, base_dir=Path(args.config).resolve().parent)
+    if args.ensemble:
+        return _ensemble(args, cfg, ds, out)
+    return _single(args, cfg, ds, out)
+
+
+def _single(args, cfg, ds, out: Path) -> int:
+    from agt.certify import Certifier
+    from agt.store import from_result, write_bundle
+    from agt.training import train
+
+    t0 = time.perf_counter()
+    result = train(cfg, ds, progress=not args.quiet)
+    bundle = from_result(result)
+    write_bundle(bundle, out)
+    print(f"trained {ds.name}: n={ds.n_train}, {len(result.k_values)} k values "
+          f"({result.k_values[0]}..{result.k_values[-1]}), relations "
+          f"{', '.join(result.relations)}; selection {bundle.selection}")
+    print(f"time: {result.seconds:.2f} s training, {time.perf_counter() - t0:.2f} s total")
+    print(f"bundle: {out}")
+    if ds.x_test is not None and len(ds.x_test):
+        cert = Certifier(bundle).certify(ds.x_test)
+        if ds.y_test is not None:
+            acc = float((cert.prediction == ds.y_test).mean())
+            print(f"test accuracy (nominal): {acc:.4f} on {len(ds.x_test)} test records")
+        print("certified fraction of the test split (owner-only):")
+        print(certified_fractions(cert.certified_fraction(), result.k_values))
+    return 0
+
+
+def _ensemble(args, cfg, ds, out: Path) -> int:
+    from agt.certify import Certifier
+    from agt.ensemble import EnsembleCertifier, train_ensemble, write_ensemble
+    from mechanisms.ensemble import aggregate, ensemble_radius
+
+    n_teachers = args.ensemble
+    ens = train_ensemble(cfg, ds, n_teachers, progress=not args.quiet)
+    write_ensemble(ens, out)
+    secs = ens.training_seconds
+    sizes = ens.manifest["partition"]["sizes"]
+    print(f"trained {n_teachers} teachers on {ds.name}: n={ds.n_train} split by record index "
+          f"mod {n_teachers} ({min(sizes)}..{max(sizes)} records each), "
+          f"{len(ens.k_values)} k values ({ens.k_values[0]}..{ens.k_values[-1]}), "
+          f"relations {', '.join(ens.relations)}")
+    print(f"time: {sum(secs):.2f} s training ({sum(secs) / n_teachers:.3f} s per teacher)")
+    print(f"ensemble: {out}")
+    if ds.x_test is None or not len(ds.x_test) or ds.y_test is None:
+        return 0
+    cert = EnsembleCertifier(ens).certify(ds.x_test)
+    votes, n_classes = cert.teacher_predictions, cert.n_classes
+    answer = aggregate(votes, n_classes)
+    teacher_acc = (votes == ds.y_test[:, None]).mean(axis=0)
+    print(f"test accuracy (nominal vote): {float((answer == ds.y_test).mean()):.4f}; teachers "
+          f"mean {teacher_acc.mean():.4f} (min {teacher_acc.min():.4f}) on {len(ds.x_test)} "
+          f"test records")
+    rule = "thm5.3" if n_classes == 2 else "tight"
+    radius = ensemble_radius(votes, cert.teacher_radii, rule, n_classes)
+    print(f"ensemble radius ({rule}) on the test split (owner-only): mean {radius.mean():.2f}, "
+          f"median {np.median(radius):.0f}; fraction with radius >= r:")
+    for r in summary_ks(tuple(range(int(radius.max(initial=0)) + 1)) or (0,)):
+        print(f"  r={r:<6d} {float((radius >= r).mean()):.4f}")
+    return 0

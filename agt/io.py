@@ -1,0 +1,111 @@
+"""Files: atomic writes through unique temporary names, and output checks made up front.
+
+Every file agt writes (bundles, ensembles, certificates, released labels, results) goes
+through `atomic_write`: the content is written to a temporary file with a unique name in
+the target folder and renamed over the target only when complete, so an interrupted or
+failed run leaves no partial output, and concurrent writers to one target never share a
+temporary file (the last complete write wins, whole).
+
+`check_output` is the check a command makes *before* any expensive or privacy-spending work:
+the target is not a directory, its folder exists (or can be created) and is writable, and an
+existing file is replaced only when the caller allows it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from agt.errors import ConfigError
+
+__all__ = ["atomic_write", "atomic_directory", "check_output"]
+
+
+def _temporary(path: Path, directory: bool = False) -> Path:
+    prefix = f".{path.name}."
+    if directory:
+        return Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=path.parent))
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".partial" + path.suffix, dir=path.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def atomic_write(path: str | Path, writer: Callable[[Path], object]) -> Path:
+    """Call ``writer(tmp)`` on a fresh temporary file beside `path`, then rename it to `path`.
+
+    The temporary name is unique (``.<name>.<random>.partial<suffix>``), ends in the target's
+    suffix (numpy and h5py look at it) and is removed if the writer fails or is interrupted.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(path)
+    try:
+        writer(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_directory(path: str | Path, fill: Callable[[Path], object],
+                     may_replace: Callable[[Path], bool]) -> Path:
+    """Fill a fresh temporary directory beside `path`, then move it to `path`.
+
+    An existing `path` is replaced only if ``may_replace(path)`` says so (e.g. it holds an
+    output of the same kind and nothing else); the old directory is removed after the new
+    one is in place."""
+    path = Path(path)
+    if path.exists() and not may_replace(path):
+        raise ConfigError(f"{path} exists and is not an output this command may replace; "
+                          f"give another path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(path, directory=True)
+    try:
+        fill(tmp)
+        if path.exists():
+            old = _temporary(path, directory=True)
+            os.rmdir(old)
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def check_output(path: str | Path, *, suffixes: tuple[str, ...] = (), overwrite: bool = True,
+                 what: str = "--out") -> Path:
+    """Refuse an output path that cannot be written, before any work is done.
+
+    Checks: the suffix (when `suffixes` is given), that `path` is not a directory, that no
+    parent is a regular file, that the folder is writable (a probe file is created and
+    removed; missing folders are created), and, with ``overwrite=False``, that `path` does
+    not exist yet. Raises ConfigError with a one-line reason."""
+    path = Path(path)
+    if suffixes and path.suffix not in suffixes:
+        raise ConfigError(f"{what} must end in {' or '.join(suffixes)}, got {path.name!r}")
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a directory; give a file name")
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{what} {path} exists; refusing to overwrite a release file (give a "
+                          f"new name, or --overwrite)")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{what} {path}: {parent} is a file, not a folder")
+            break
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = _temporary(path)
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} cannot be written ({exc.strerror or exc}); choose a "
+                          f"writable location") from None
+    return path

@@ -1,0 +1,189 @@
+"""Mechanism objects and their registry: the only code that draws release noise.
+
+A mechanism is a frozen object whose parameters are validated once, at construction
+(one PrivacyError naming every bad parameter). It offers
+
+  guarantee(relation)          the per-query (eps, delta) it gives under `relation`;
+  relations(inputs)            the relations that guarantee holds under for these inputs
+                               (those their certificates hold under, or every relation
+                               for mechanisms that need no certificate);
+  check(inputs)                refuses inputs it cannot release (wrong kind, too many
+                               classes, radii without a smoothness proof);
+  release(inputs, rng)         draws the released labels (REFUSED = -1 where the mechanism
+                               declines to answer). Product code never calls this directly:
+                               `Ledger.release` (ledger.py) records the spend first;
+  correct_probability(inputs, y)  the exact probability that the release equals y, per
+                               query (a refusal counts as wrong), used by experiments for
+                               exact expected accuracies.
+
+`MECHANISMS` maps each registry name (the one name used by the CLI, the experiments and
+the ledger) to its entry; `make_mechanism(name, epsilon, delta, **options)` builds one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from agt.errors import ConfigError, DataError, PrivacyError, Problems
+
+from mechanisms.guarantee import RELATIONS, Guarantee, check_relation
+from mechanisms.inputs import Certified, Votes
+
+REFUSED = -1          # the released label of "no answer"
+
+__all__ = ["Mechanism", "REFUSED", "MECHANISMS", "Entry", "register", "make_mechanism",
+           "mechanism_names"]
+
+
+class Mechanism(ABC):
+    """Base class of every release mechanism (see the module docstring)."""
+
+    #: Certified (single model) or Votes (ensemble)
+    input_type: ClassVar[type] = Certified
+    #: spends stability radii: needs them, and needs their smoothness proof
+    uses_radii: ClassVar[bool] = False
+    #: the largest number of classes the proof covers (None: any)
+    max_classes: ClassVar[int | None] = None
+    #: the guarantee needs no certificate and holds under every relation
+    relation_free: ClassVar[bool] = False
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The registry name."""
+
+    @abstractmethod
+    def guarantee(self, relation: str) -> Guarantee:
+        """Per-query guarantee under `relation` (validated)."""
+
+    @abstractmethod
+    def _draw(self, inputs, rng: np.random.Generator) -> NDArray[np.int64]:
+        """Released labels for validated inputs (the one place noise is drawn)."""
+
+    @abstractmethod
+    def _correct(self, inputs, y: NDArray[np.int64]) -> NDArray[np.float64]:
+        """P(release == y) per query for validated inputs."""
+
+    # -- shared ---------------------------------------------------------------------------
+    def relations(self, inputs) -> tuple[str, ...]:
+        """Relations under which `guarantee` holds for these inputs."""
+        return RELATIONS if self.relation_free else tuple(inputs.source.relations)
+
+    def check(self, inputs) -> None:
+        """Refuse inputs this mechanism cannot release, with one typed error."""
+        if not isinstance(inputs, self.input_type):
+            kind = "a single model's Certified" if self.input_type is Certified else \
+                "an ensemble's Votes"
+            raise DataError(f"{self.name} releases {kind} inputs, got "
+                            f"{type(inputs).__name__}")
+        problems = Problems(self.name, PrivacyError)
+        if self.max_classes is not None and inputs.n_classes > self.max_classes:
+            problems.add(f"{self.name} is proven for at most {self.max_classes} classes; "
+                         f"these inputs have {inputs.n_classes} (use a multi-class mechanism "
+                         f"such as exp-radius or ptr)", DataError)
+        if self.uses_radii:
+            radii = inputs.radius if isinstance(inputs, Certified) else inputs.radii
+            if radii is None:
+                problems.add(f"{self.name} spends stability radii; certify the queries (the "
+                             f"inputs carry no radii)", DataError)
+            if not inputs.source.smooth_radii:
+                problems.add(
+                    f"{self.name} needs radii with r(D') >= r(D) - 1 on neighbours, which "
+                    f"the selection rule '{inputs.source.selection}' of these bounds does "
+                    f"not prove; retrain with selection: exact (or use a mechanism that "
+                    f"spends no radii: gs, lnmax, ens-ptr-votes)")
+        problems.raise_if_any()
+
+    def guarantee_for(self, inputs, relation: str) -> Guarantee:
+        """The per-query guarantee of releasing `inputs`, stated under `relation`: native
+        where the inputs' certificates hold under it, else converted (guarantee.py)."""
+        problems = Problems(self.name, PrivacyError)
+        check_relation(relation, problems)
+        problems.raise_if_any()
+        native = self.relations(inputs)
+        if relation in native:
+            return self.guarantee(relation)
+        errors = []
+        for other in native:
+            try:
+                return self.guarantee(other).in_relation(relation)
+            except PrivacyError as exc:
+                errors.append(str(exc))
+        raise PrivacyError(f"{self.name}: these inputs are certified under {', '.join(native)}"
+                           f" only, which gives no {relation} guarantee"
+                           + (f" ({'; '.join(errors)})" if errors else ""))
+
+    def release(self, inputs, rng: np.random.Generator) -> NDArray[np.int64]:
+        """Draw the released labels. Product code calls `Ledger.release`, which records the
+        spend before it calls this."""
+        self.check(inputs)
+        if not isinstance(rng, np.random.Generator):
+            raise PrivacyError("release needs a numpy Generator (the ledger makes one from the "
+                               "operating system's secure source)")
+        labels = np.asarray(self._draw(inputs, rng), dtype=np.int64)
+        return labels
+
+    def correct_probability(self, inputs, y: ArrayLike) -> NDArray[np.float64]:
+        """Exact probability, per query, that the release equals y (REFUSED counts as wrong)."""
+        self.check(inputs)
+        y = np.asarray(y)
+        if y.shape != (inputs.n_queries,):
+            raise DataError(f"labels y must have shape ({inputs.n_queries},), got {y.shape}")
+        return np.clip(np.asarray(self._correct(inputs, y.astype(np.int64)), np.float64), 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registry entry: the factory and what the CLI and planners need to know."""
+
+    name: str
+    factory: Callable[..., Mechanism]
+    inputs: type            # Certified (single model) or Votes (ensemble)
+    needs_delta: bool       # (eps, delta)-DP per query with delta > 0
+    summary: str
+
+
+MECHANISMS: dict[str, Entry] = {}
+
+
+def register(name: str, *, inputs: type, needs_delta: bool, summary: str):
+    """Register `factory(epsilon=..., delta=..., **options)` under `name` (one name per
+    mechanism, shared by the CLI, the experiments and the ledger)."""
+    def deco(factory):
+        if name in MECHANISMS:
+            raise RuntimeError(f"internal: mechanism {name!r} registered twice")
+        MECHANISMS[name] = Entry(name, factory, inputs, needs_delta, summary)
+        return factory
+    return deco
+
+
+def mechanism_names(inputs: type | None = None) -> tuple[str, ...]:
+    """Registered names, optionally only those releasing `inputs` (Certified or Votes)."""
+    return tuple(n for n, e in MECHANISMS.items() if inputs is None or e.inputs is inputs)
+
+
+def make_mechanism(name: str, epsilon: float, delta: float | None = None,
+                   **options) -> Mechanism:
+    """The mechanism registered as `name` with per-query `epsilon` (and `delta` where it
+    takes one); refuses an unknown name, and a missing or unexpected delta."""
+    entry = MECHANISMS.get(name)
+    if entry is None:
+        raise ConfigError(f"unknown mechanism {name!r}; choose one of "
+                          f"{', '.join(sorted(MECHANISMS))}")
+    if entry.needs_delta and delta is None:
+        raise PrivacyError(f"{name} is (eps, delta)-DP per query: give a delta in (0, 1)")
+    if not entry.needs_delta and delta not in (None, 0, 0.0):
+        raise PrivacyError(f"{name} is pure eps-DP per query and takes no delta "
+                           f"(got {delta!r})")
+    kwargs = dict(options, epsilon=epsilon)
+    if entry.needs_delta:
+        kwargs["delta"] = delta
+    mech = entry.factory(**kwargs)
+    if mech.name != name:
+        raise RuntimeError(f"internal: factory of {name!r} made {mech.name!r}")
+    return mech

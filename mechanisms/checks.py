@@ -1,0 +1,92 @@
+"""Input checks shared by the mechanisms, in the one validation vocabulary of agt.errors:
+each check adds to a `Problems` collector, and one typed error names every problem
+(privacy parameters -> PrivacyError, arrays -> DataError)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from agt.errors import DataError, PrivacyError, Problems
+
+__all__ = ["privacy_problems", "is_real", "check_epsilon", "check_delta", "check_count",
+           "class_array", "radius_array"]
+
+
+def privacy_problems(where: str = "") -> Problems:
+    """A collector whose problems are PrivacyErrors unless said otherwise."""
+    return Problems(where, PrivacyError)
+
+
+def is_real(x: object) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+def check_epsilon(epsilon: object, problems: Problems, name: str = "epsilon") -> None:
+    """epsilon must be a finite real number > 0."""
+    if not is_real(epsilon) or not math.isfinite(epsilon) or epsilon <= 0:
+        problems.add(f"{name} must be a finite number > 0, got {epsilon!r}", PrivacyError)
+
+
+def check_delta(delta: object, problems: Problems, name: str = "delta",
+                allow_zero: bool = False) -> None:
+    """delta must be a real number in (0, 1) (or [0, 1) with allow_zero)."""
+    ok = is_real(delta) and math.isfinite(delta) and delta < 1 and \
+        (delta >= 0 if allow_zero else delta > 0)
+    if not ok:
+        interval = "[0, 1)" if allow_zero else "(0, 1)"
+        problems.add(f"{name} must be a number in {interval}, got {delta!r}", PrivacyError)
+
+
+def check_count(q: object, problems: Problems, name: str = "Q") -> None:
+    """A number of queries: an integer >= 1."""
+    if isinstance(q, (bool, np.bool_)) or not isinstance(q, (int, np.integer)) or q < 1:
+        problems.add(f"{name} must be an integer >= 1, got {q!r}", PrivacyError)
+
+
+def class_array(values: ArrayLike, n_classes: int, problems: Problems,
+                name: str = "predictions") -> NDArray[np.int64] | None:
+    """Class labels as int64; every entry must be an integer in [0, n_classes)."""
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "biuf":
+        problems.add(f"{name} must be class labels, got dtype {arr.dtype}", DataError)
+        return None
+    bad = ~np.isin(arr, np.arange(n_classes)) if arr.size else np.zeros(arr.shape, bool)
+    if arr.dtype.kind == "f":
+        bad |= ~np.isfinite(arr)
+    if bad.any():
+        first = arr[bad].ravel()[0]
+        problems.add(f"{name} must be classes in 0..{n_classes - 1}; {int(bad.sum())} entries "
+                     f"are not (e.g. {first!r})", DataError)
+        return None
+    return arr.astype(np.int64)
+
+
+def radius_array(radii: ArrayLike, problems: Problems, name: str = "radii",
+                 minimum: int = -1) -> NDArray[np.int64] | None:
+    """Stability radii as int64: finite integers >= `minimum` (-1: not even k = 0 certified)."""
+    arr = np.asarray(radii)
+    if arr.dtype.kind == "b" or arr.dtype.kind not in "iuf":
+        problems.add(f"{name} must be integers >= {minimum}, got dtype {arr.dtype}", DataError)
+        return None
+    if arr.dtype.kind == "f":
+        nonfinite = ~np.isfinite(arr)
+        if nonfinite.any():
+            problems.add(f"{name} must be finite; {int(nonfinite.sum())} entries are NaN or "
+                         f"infinite", DataError)
+            return None
+        if (arr != np.floor(arr)).any():
+            problems.add(f"{name} must be integers (grid indices), got fractional values",
+                         DataError)
+            return None
+        if (np.abs(arr) > 2.0**53).any():
+            problems.add(f"{name} must be at most 2**53 in size, got {arr.max()!r}", DataError)
+            return None
+    low = arr < minimum
+    if low.any():
+        problems.add(f"{name} must be >= {minimum}; {int(low.sum())} entries are lower "
+                     f"(e.g. {arr.min()!r})", DataError)
+        return None
+    return arr.astype(np.int64)

@@ -1,0 +1,136 @@
+"""Certifier: soundness against sampled parameters, search equivalence, smooth radii."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agt.certify import Certifier, check_served_model
+from agt.errors import BundleError, DataError
+from agt.store import from_result
+from agt.training import train
+
+from tests.helpers import LOGISTIC, LOGISTIC_CE, MLP, MLP_BCE, CONV, blobs, classes, config, images, logits
+from tests.agt.test_training import perturb
+
+
+def bundle_for(model, loss, ds, **kw):
+    return from_result(train(config(model, loss, **kw), ds))
+
+
+@pytest.mark.parametrize("model,loss", [(LOGISTIC, "binary_cross_entropy"), (MLP, "cross_entropy"),
+                                         (MLP_BCE, "binary_cross_entropy")])
+def test_certified_predictions_never_change_inside_the_box(model, loss):
+    """Brute force: sample parameters inside the k-box (corners and interior); a prediction
+    certified at k keeps its class for every sample."""
+    ds = blobs(300, seed=20)
+    b = bundle_for(model, loss, ds, n_epochs=3, k_values=[0, 2, 5, 10, 40])
+    cert = Certifier(b).certify(ds.x_test)
+    rng = np.random.default_rng(21)
+    checked = 0
+    for j, k in enumerate(b.k_values):
+        certified = cert.max_certified_k >= k
+        if not certified.any():
+            continue
+        for _ in range(40):
+            params = {}
+            for name in b.nominal:
+                lo, hi = b.lower[name][j], b.upper[name][j]
+                u = torch.as_tensor(rng.uniform(size=lo.shape))
+                if rng.random() < 0.5:      # a corner
+                    u = (u > 0.5).double()
+                params[name] = lo + u * (hi - lo)
+            pred = classes(logits(b.spec, params, ds.x_test, torch.float64))
+            assert np.array_equal(pred[certified], cert.prediction[certified]), f"k={k}"
+            checked += int(certified.sum())
+    assert checked > 1000
+
+
+@pytest.mark.parametrize("model,loss,data", [(LOGISTIC_CE, "cross_entropy", "blobs"),
+                                              (MLP_BCE, "binary_cross_entropy", "blobs"),
+                                              (CONV, "cross_entropy", "images")])
+def test_binary_search_equals_linear_scan(model, loss, data):
+    ds = blobs(300, seed=22) if data == "blobs" else images(150, seed=22)
+    b = bundle_for(model, loss, ds, n_epochs=2, k_values="0..30")
+    c = Certifier(b)
+    fast, slow = c.certify(ds.x_test), c.certify_linear(ds.x_test)
+    assert np.array_equal(fast.max_certified_k, slow.max_certified_k)
+    assert np.array_equal(fast.radius, slow.radius)
+    assert np.array_equal(fast.prediction, c.predict(ds.x_test))
+    assert (fast.max_certified_k >= 0).mean() > 0.5
+
+
+def test_sparse_grid_gives_index_radii():
+    ds = blobs(300, seed=23)
+    b = bundle_for(LOGISTIC_CE, "cross_entropy", ds, n_epochs=2, k_values=[0, 1, 2, 5, 10, 20, 50])
+    cert = Certifier(b).certify(ds.x_test)
+    assert not cert.contiguous
+    grid = list(b.k_values)
+    for mk, r in zip(cert.max_certified_k, cert.radius):
+        assert r == (grid.index(mk) if mk >= 0 else 0)
+    assert cert.radius.max() < len(grid)
+    assert (cert.max_certified_k > cert.radius).any()    # values are not used as radii
+
+
+def test_contiguous_grid_radius_is_max_certified_k():
+    ds = blobs(300, seed=24)
+    b = bundle_for(LOGISTIC_CE, "cross_entropy", ds, k_values="0..20")
+    cert = Certifier(b).certify(ds.x_test)
+    assert cert.contiguous
+    assert np.array_equal(cert.radius, np.maximum(cert.max_certified_k, 0))
+
+
+@pytest.mark.parametrize("model,loss,kind,batch", [
+    (LOGISTIC_CE, "cross_entropy", "random", 10_000),
+    (LOGISTIC_CE, "cross_entropy", "adversarial", 10_000),
+    (MLP, "cross_entropy", "flip", 10_000),
+    (MLP_BCE, "binary_cross_entropy", "add", 10_000),
+    (MLP_BCE, "binary_cross_entropy", "remove", 10_000),
+    (LOGISTIC_CE, "cross_entropy", "random", 100),
+    (LOGISTIC_CE, "cross_entropy", "flip", 100),
+])
+def test_smooth_radius_drops_by_at_most_one_on_neighbours(model, loss, kind, batch):
+    """r(D') >= r(D) - 1 for every query, D' one record away (replaced; added/removed for
+    full batch): what makes exp(-beta r) a beta-smooth bound."""
+    ds = blobs(300, seed=25, variant="overlapping")
+    kv = "0..40"
+    lr = 0.5 if batch >= len(ds.y_train) else 0.1     # minibatch bounds need a smaller step
+    c0 = Certifier(bundle_for(model, loss, ds, n_epochs=2, batch_size=batch, k_values=kv,
+                              learning_rate=lr))
+    cert = c0.certify(ds.x_test)
+    rng = np.random.default_rng(26)
+    for _ in range(6):
+        ds2 = perturb(ds, kind, 1, rng)
+        cert2 = Certifier(bundle_for(model, loss, ds2, n_epochs=2, batch_size=batch,
+                                     k_values=kv, learning_rate=lr)).certify(ds.x_test)
+        assert (cert2.radius >= cert.radius - 1).all()
+        assert (cert.radius >= cert2.radius - 1).all()
+    assert cert.radius.max() > 1
+
+
+def test_queries_validated():
+    ds = blobs(200, seed=27)
+    c = Certifier(bundle_for(LOGISTIC_CE, "cross_entropy", ds))
+    with pytest.raises(DataError, match="feature shape"):
+        c.certify(np.zeros((3, 5)))
+    bad = ds.x_test[:4].copy()
+    bad[2, 1] = np.nan
+    with pytest.raises(DataError, match="query 2"):
+        c.certify(bad)
+
+
+def test_served_model_must_match_bundle():
+    ds = blobs(200, seed=28)
+    b = bundle_for(MLP, "cross_entropy", ds)
+    module = b.spec.build(torch.float64)
+    module.load_state_dict(b.nominal)
+    check_served_model(b, module)           # the served model matches
+    Certifier(b, served=module)
+    with torch.no_grad():
+        module[0].weight[0, 0] += 1e-9
+    with pytest.raises(BundleError, match="differs"):
+        Certifier(b, served=module)
+    other = bundle_for(LOGISTIC_CE, "cross_entropy", ds)
+    with pytest.raises(BundleError, match="architecture"):
+        check_served_model(other, module)

@@ -1,0 +1,276 @@
+"""Single-model mechanism objects (gs, ss-laplace, ss-cauchy): calibration (hand values),
+empirical release rates against the exact closed forms, guarantees, the smoothness-proof
+gate, and bad parameters or inputs (one typed error, no noise drawn)."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agt.errors import DataError, PrivacyError
+from mechanisms import Certified, Guarantee, Source, make_mechanism
+from mechanisms.global_sens import GlobalSensitivity, flip_probability_gs
+from mechanisms.noise import cauchy_flip_probability, laplace_flip_probability, make_generator
+from mechanisms.smooth import (SmoothSensitivity, flip_probability_ss, noise_scale, smooth_beta,
+                               smooth_bound)
+
+N_DRAWS = 200_000
+RELATION = "replace-one"
+SHA = "ab" * 32
+
+
+def source(smooth=True, relations=(RELATION,)):
+    return Source("bundle", SHA, tuple(relations), smooth, "exact" if smooth else "threshold")
+
+
+def certified(prediction, radius=None, n_classes=2, **kw):
+    return Certified(np.asarray(prediction), None if radius is None else np.asarray(radius),
+                     n_classes, source(**kw))
+
+
+def assert_rate(labels, nominal, p, sigmas=5.0):
+    """Empirical flip rate within `sigmas` binomial standard errors of p."""
+    n = labels.size
+    rate = np.mean(labels != nominal)
+    se = math.sqrt(p * (1 - p) / n)
+    assert abs(rate - p) <= sigmas * se, f"flip rate {rate} vs analytical {p} (n={n})"
+
+
+def alternating(n):
+    return np.arange(n) % 2
+
+
+# -- hand values --------------------------------------------------------------------------
+
+def test_beta_and_scales_hand_values():
+    assert smooth_beta(1.0, 1e-5, "laplace") == pytest.approx(1.0 / (2 * math.log(2e5)))
+    assert smooth_beta(0.6, None, "cauchy") == pytest.approx(0.1)
+    # r = 0: S = 1, Laplace 2/eps, Cauchy 6/eps.
+    assert noise_scale(0.5, 1e-5, 0, "laplace") == pytest.approx(4.0)
+    assert noise_scale(0.5, None, 0, "cauchy") == pytest.approx(12.0)
+    # Cauchy, eps = 0.6: beta = 0.1, r = 10 -> S = e^-1, scale = 6 e^-1 / 0.6 = 10 / e.
+    assert noise_scale(0.6, None, 10, "cauchy") == pytest.approx(10.0 / math.e)
+    beta = 2.0 / (2 * math.log(2 / 1e-6))
+    assert noise_scale(2.0, 1e-6, [0, 3, 7], "laplace") == pytest.approx(
+        np.exp(-beta * np.array([0, 3, 7])))
+    assert smooth_bound([0, 1, 2], 0.5) == pytest.approx([1.0, math.exp(-0.5), math.exp(-1.0)])
+    # r = -1 (not even k = 0 certified) is used as 0: S = 1
+    assert smooth_bound([-1, 0], 0.5) == pytest.approx([1.0, 1.0])
+
+
+def test_flip_probability_hand_values():
+    assert flip_probability_gs(2.0) == pytest.approx(0.5 * math.exp(-1.0))
+    assert laplace_flip_probability(0.5) == pytest.approx(0.5 * math.exp(-1.0))
+    assert cauchy_flip_probability(0.5) == pytest.approx(0.25)  # 1/2 - arctan(1)/pi
+    assert laplace_flip_probability(0.0) == 0.0
+    assert cauchy_flip_probability(0.0) == 0.0
+    s = noise_scale(1.0, None, 4, "cauchy")
+    assert flip_probability_ss(1.0, None, 4, "cauchy") == pytest.approx(
+        0.5 - math.atan(1 / (2 * s)) / math.pi)
+
+
+def test_registry_names_and_guarantees():
+    gs = make_mechanism("gs", 0.7)
+    assert isinstance(gs, GlobalSensitivity) and gs.name == "gs"
+    g = gs.guarantee("add-remove")
+    assert (g.epsilon, g.delta, g.relation, g.mechanism) == (0.7, 0.0, "add-remove", "gs")
+    ss = make_mechanism("ss-laplace", 1.0, 1e-6)
+    assert isinstance(ss, SmoothSensitivity) and ss.name == "ss-laplace"
+    g = ss.guarantee(RELATION)
+    assert (g.epsilon, g.delta, g.mechanism, g.relation) == (1.0, 1e-6, "ss-laplace", RELATION)
+    g = make_mechanism("ss-cauchy", 1.0).guarantee(RELATION)
+    assert (g.delta, g.mechanism, g.is_pure) == (0.0, "ss-cauchy", True)
+
+
+def test_gs_holds_under_every_relation_ss_only_under_certified_ones():
+    inputs = certified([0, 1], [3, 4], relations=("replace-one",))
+    assert make_mechanism("gs", 1.0).guarantee_for(inputs, "add-remove").epsilon == 1.0
+    # SS radii certified under replace-one say nothing about adding a record
+    with pytest.raises(PrivacyError, match="no add-remove guarantee"):
+        make_mechanism("ss-cauchy", 1.0).guarantee_for(inputs, "add-remove")
+    # certified under add-remove only: converted to replace-one by group privacy (2 eps)
+    inputs = certified([0, 1], [3, 4], relations=("add-remove",))
+    g = make_mechanism("ss-cauchy", 1.0).guarantee_for(inputs, "replace-one")
+    assert g.epsilon == 2.0 and g.relation == "replace-one" and "group privacy" in g.note
+
+
+# -- empirical flip rates -----------------------------------------------------------------
+
+@pytest.mark.parametrize("eps", [0.1, 1.0, 4.0])
+def test_gs_flip_rate_matches_analytical(eps):
+    f = alternating(N_DRAWS)
+    mech = make_mechanism("gs", eps)
+    labels = mech.release(certified(f), make_generator(11))
+    assert labels.dtype == np.int64 and labels.shape == f.shape
+    p = flip_probability_gs(eps)
+    assert_rate(labels[f == 0], 0, p)
+    assert_rate(labels[f == 1], 1, p)
+    correct = mech.correct_probability(certified(f), f)
+    assert np.allclose(correct, 1 - p)
+
+
+@pytest.mark.parametrize("name,eps,delta", [("ss-laplace", 1.0, 1e-5), ("ss-laplace", 0.3, 1e-3),
+                                            ("ss-cauchy", 1.0, None), ("ss-cauchy", 5.0, None)])
+def test_ss_flip_rate_matches_analytical(name, eps, delta):
+    radii_levels = np.array([-1, 0, 5, 20, 60])
+    f = alternating(N_DRAWS)
+    r = np.repeat(radii_levels, N_DRAWS // len(radii_levels))
+    mech = make_mechanism(name, eps, delta)
+    inputs = certified(f, r)
+    labels = mech.release(inputs, make_generator(7))
+    noise = name.split("-")[1]
+    p = flip_probability_ss(eps, delta, radii_levels, noise)
+    assert p[0] == p[1]                      # r = -1 is as noisy as r = 0
+    assert np.all(np.diff(p[1:]) < 0)        # larger certified radius, less noise
+    for level, p_level in zip(radii_levels, p):
+        mask = r == level
+        assert_rate(labels[mask], f[mask], float(p_level))
+    # the exact probability of a correct answer agrees with the flip probability
+    correct = mech.correct_probability(inputs, f)
+    assert np.allclose(correct, 1 - np.repeat(p, N_DRAWS // len(radii_levels)))
+
+
+def test_ss_with_radius_zero_is_at_least_as_noisy_as_gs():
+    for eps in (0.1, 1.0, 10.0):
+        assert flip_probability_ss(eps, 1e-5, 0, "laplace") >= flip_probability_gs(eps)
+        assert flip_probability_ss(eps, None, 0, "cauchy") >= flip_probability_gs(eps)
+
+
+def test_underflowing_noise_releases_the_nominal_label():
+    f = alternating(1000)
+    labels = make_mechanism("ss-cauchy", 10.0).release(certified(f, np.full(1000, 10**6)),
+                                                       make_generator(0))
+    np.testing.assert_array_equal(labels, f)
+
+
+@settings(max_examples=50, deadline=None)
+@given(eps=st.floats(1e-3, 50.0), r=st.integers(0, 10_000),
+       delta=st.floats(1e-12, 0.5), noise=st.sampled_from(["laplace", "cauchy"]))
+def test_flip_probability_is_a_probability_and_shrinks_with_radius(eps, r, delta, noise):
+    d = delta if noise == "laplace" else None
+    p0, p1 = flip_probability_ss(eps, d, [r, r + 1], noise)
+    assert 0.0 <= p1 <= p0 <= 0.5
+
+
+def test_ss_privacy_ratio_on_neighbouring_radii():
+    """Pure DP check of ss-cauchy on the output space {0, 1}: for neighbours with the same
+    prediction and radii r, r' = r - 1 (and where predictions differ, both radii <= 0), every
+    output's probability ratio is at most e^eps."""
+    eps = 0.8
+    mech = make_mechanism("ss-cauchy", eps)
+    worst = 0.0
+    for f in (0, 1):
+        for r in range(-1, 60):
+            for r2 in (r - 1, r, r + 1):
+                if r2 < -1:
+                    continue
+                a = mech.correct_probability(certified([f], [r]), np.array([f]))[0]
+                b = mech.correct_probability(certified([f], [r2]), np.array([f]))[0]
+                worst = max(worst, abs(math.log(a / b)), abs(math.log((1 - a) / (1 - b))))
+        for r, r2 in ((0, 0), (-1, 0), (0, -1), (-1, -1)):     # predictions differ
+            a = mech.correct_probability(certified([f], [r]), np.array([f]))[0]
+            b = 1 - mech.correct_probability(certified([1 - f], [r2]), np.array([1 - f]))[0]
+            worst = max(worst, abs(math.log(a / b)), abs(math.log((1 - a) / (1 - b))))
+    assert worst <= eps + 1e-12
+
+
+# -- refusals ---------------------------------------------------------------------------
+
+def test_radii_without_a_nesting_proof_are_refused_by_radius_mechanisms():
+    inputs = certified([0, 1], [3, 4], smooth=False)
+    for name, delta in (("ss-cauchy", None), ("ss-laplace", 1e-5)):
+        with pytest.raises(PrivacyError, match="threshold.*selection: exact"):
+            make_mechanism(name, 1.0, delta).release(inputs, make_generator(0))
+    make_mechanism("gs", 1.0).release(inputs, make_generator(0))   # needs no radius
+
+
+def test_radius_mechanisms_need_radii_and_binary_models():
+    with pytest.raises(DataError, match="carry no radii"):
+        make_mechanism("ss-cauchy", 1.0).check(certified([0, 1]))
+    with pytest.raises(DataError, match="at most 2 classes"):
+        make_mechanism("gs", 1.0).check(certified([0, 2], n_classes=3))
+
+
+@pytest.mark.parametrize("eps", [0.0, -1.0, float("nan"), float("inf"), "1", None, True])
+def test_bad_epsilon_is_refused(eps):
+    for name, delta in (("gs", None), ("ss-cauchy", None), ("ss-laplace", 1e-5)):
+        with pytest.raises(PrivacyError, match="epsilon"):
+            make_mechanism(name, eps, delta)
+    with pytest.raises(PrivacyError, match="epsilon"):
+        flip_probability_gs(eps)
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0, -1e-5, 1.5, float("nan"), None])
+def test_laplace_needs_delta_in_open_unit_interval(delta):
+    with pytest.raises(PrivacyError, match="delta"):
+        make_mechanism("ss-laplace", 1.0, delta)
+    with pytest.raises(PrivacyError, match="delta"):
+        smooth_beta(1.0, delta, "laplace")
+
+
+def test_pure_mechanisms_refuse_a_delta_and_unknown_names_are_refused():
+    with pytest.raises(PrivacyError, match="takes no delta"):
+        make_mechanism("ss-cauchy", 1.0, 1e-5)
+    with pytest.raises(PrivacyError, match="takes no delta"):
+        make_mechanism("gs", 1.0, 1e-5)
+    with pytest.raises(PrivacyError, match="noise must be one of"):
+        SmoothSensitivity(1.0, 1e-5, "gaussian")
+    with pytest.raises(ValueError, match="unknown mechanism 'gnmax'"):
+        make_mechanism("gnmax", 1.0)
+
+
+@pytest.mark.parametrize("radii,match", [
+    ([1.0, float("nan")], "NaN"), ([1, -2], ">= -1"), ([1.5, 2.0], "integers"),
+    ([1.0, float("inf")], "finite"), ([True, False], "dtype"), (["1", "2"], "dtype")])
+def test_bad_radii_are_refused(radii, match):
+    with pytest.raises(DataError, match=match):
+        certified([0, 1], radii)
+    with pytest.raises(DataError):
+        noise_scale(1.0, 1e-5, radii, "laplace")
+
+
+@pytest.mark.parametrize("predictions", [[0, 2], [0.5, 1], [-1, 0], [float("nan"), 1], ["a", "b"]])
+def test_predictions_outside_the_classes_are_refused(predictions):
+    with pytest.raises(DataError, match="predictions"):
+        certified(predictions)
+
+
+def test_shape_mismatch_and_relation_are_checked():
+    with pytest.raises(DataError, match="same shape"):
+        certified([0, 1, 1], [0, 0])
+    with pytest.raises(PrivacyError, match="relation"):
+        make_mechanism("gs", 1.0).guarantee("swap-two")
+    with pytest.raises(PrivacyError, match="relation"):
+        Guarantee(1.0, 0.0, "", "gs")
+
+
+def test_all_problems_reported_together():
+    with pytest.raises(PrivacyError) as info:
+        SmoothSensitivity(-1.0, 2.0, "laplace")
+    message = str(info.value)
+    assert "epsilon" in message and "delta" in message and "\n" not in message
+    with pytest.raises(DataError) as info:
+        Certified(np.array([0, 3]), np.array([float("nan"), 1.0]), 2, source())
+    assert "predictions" in str(info.value) and "radii" in str(info.value)
+
+
+def test_release_needs_a_generator_and_draws_nothing_on_refusal():
+    rng = make_generator(5)
+    state = rng.bit_generator.state
+    with pytest.raises(PrivacyError):
+        make_mechanism("ss-cauchy", 1.0).release(certified([0, 1], [0, 1], smooth=False), rng)
+    assert rng.bit_generator.state == state
+    with pytest.raises(PrivacyError, match="Generator"):
+        make_mechanism("gs", 1.0).release(certified([0, 1]), 3)
+
+
+def test_secure_generators_differ_and_seeded_ones_reproduce():
+    f = alternating(500)
+    mech = make_mechanism("gs", 0.5)
+    a = mech.release(certified(f), make_generator(3))
+    b = mech.release(certified(f), make_generator(3))
+    np.testing.assert_array_equal(a, b)
+    x, y = make_generator(None).random(8), make_generator(None).random(8)
+    assert not np.array_equal(x, y)
