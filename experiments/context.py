@@ -26,7 +26,7 @@ from typing import Any, Iterable
 import numpy as np
 from tqdm.auto import tqdm
 
-from agt import __version__
+from agt.version import __version__
 from agt.certify import Certificate, Certifier
 from agt.io import atomic_write
 from agt.ensemble import Ensemble, EnsembleCertificate, EnsembleCertifier, train_ensemble
