@@ -51,6 +51,9 @@ class Mechanism(ABC):
     max_classes: ClassVar[int | None] = None
     #: the guarantee needs no certificate and holds under every relation
     relation_free: ClassVar[bool] = False
+    #: the guarantee is per query (one ledger entry each); False: for the whole release
+    #: (a session), recorded as one entry
+    per_query: ClassVar[bool] = True
 
     @property
     @abstractmethod
