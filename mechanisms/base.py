@@ -80,8 +80,8 @@ class Mechanism(ABC):
     def check(self, inputs) -> None:
         """Refuse inputs this mechanism cannot release, with one typed error."""
         if not isinstance(inputs, self.input_type):
-            kind = "a single model's Certified" if self.input_type is Certified else \
-                "an ensemble's Votes"
+            kind = {Certified: "a single model's Certified", Votes: "an ensemble's Votes"}.get(
+                self.input_type, self.input_type.__name__)
             raise DataError(f"{self.name} releases {kind} inputs, got "
                             f"{type(inputs).__name__}")
         problems = Problems(self.name, PrivacyError)

@@ -55,6 +55,23 @@ the count vector has L1 sensitivity 2)
   ln(1/delta)/eps, else REFUSED. (eps, delta)-DP: where neighbours agree on w the output is a
   post-processing of the noisy s (eps-DP); where they disagree s = 0 on both and an answer has
   probability P(Laplace(1/eps) > ln(1/delta)/eps) = delta/2.
+* df-exp (Dwork & Feldman 2018; van der Maaten & Hannun Alg. 8): P(y) ~ exp(beta n_y). One
+  replaced record moves one vote from a to b: n_a - 1, n_b + 1, the other counts fixed. Then
+  ln P_D(y)/P_D'(y) = beta (n_y - n'_y) - ln(Z / Z'), where beta (n_y - n'_y) is in
+  {-beta, 0, beta} and ln(Z / Z') in [-beta, beta]: the worst log-ratio is at most 2 beta
+  (reached as beta T grows: Z / Z' -> e^beta when class b dominates, and y = a). So
+  beta = eps / 2 per query is eps-DP; the study's Thm 7 uses beta = eps / B for B queries,
+  i.e. beta = eps per query, which only bounds this by 2 eps (tests/mechanisms/test_ensemble.py
+  computes the exact worst ratio). Any number of classes.
+* df-exp-zcdp: one session over the release's B queries at (eps, delta). Each query's
+  privacy loss ranges over an interval of width at most 2 beta (the numerator's beta (n_y -
+  n'_y) varies by at most 2 beta across y, the normaliser does not depend on y): the
+  exponential mechanism is 2 beta-bounded-range, hence (2 beta)^2 / 8 = beta^2 / 2 zCDP
+  (Cesar & Rogers 2021, Lemma 3.2); B queries compose to rho = B beta^2 / 2 zCDP, which is
+  (rho + 2 sqrt(rho ln(1/delta)), delta)-DP (Bun & Steinke 2016, Prop. 1.3). With
+  sqrt(rho) = sqrt(ln(1/delta) + eps) - sqrt(ln(1/delta)), rho + 2 sqrt(rho ln(1/delta)) =
+  eps exactly, so beta = sqrt(2 rho / B) -- the study's Thm 8 value beta''. The session
+  uses the larger of that and the pure per-query value eps / (2 B) (standard composition).
 * ens-ptr-gs (the paper's variant, binary): ens-ptr at eps/2; where it refuses, the
   global-sensitivity release of the answer w (binary, sensitivity 1) at eps/2. Basic
   composition of (eps/2, delta) and (eps/2, 0): (eps, delta)-DP.
@@ -495,3 +512,77 @@ class EnsemblePTRWithGS(Mechanism):
                                          self.delta)
         fallback = correct_from_flip(answer, y, laplace_flip_probability(2.0 / self.epsilon))
         return np.where(answer == y, passed, 0.0) + (1.0 - passed) * fallback
+
+
+# ---------------------------------------------------------------------------------------------
+# Dwork-Feldman: the exponential mechanism on the vote counts
+
+def df_probabilities(counts: ArrayLike, beta: float) -> NDArray[np.float64]:
+    """(Q, C): P(y) = exp(beta n_y) / sum_c exp(beta n_c)."""
+    n = np.asarray(counts, dtype=np.float64) * beta
+    n -= n.max(axis=1, keepdims=True)
+    e = np.exp(n)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def df_zcdp_beta(epsilon: float, delta: float, n_queries: int) -> float:
+    """beta of a df-exp-zcdp session of B queries at (eps, delta) (module docstring)."""
+    root = math.sqrt(math.log(1.0 / delta) + epsilon) - math.sqrt(math.log(1.0 / delta))
+    return max(math.sqrt(2.0 / n_queries) * root, epsilon / (2.0 * n_queries))
+
+
+@dataclass(frozen=True)
+class DworkFeldman(Mechanism):
+    """P(y) ~ exp(beta n_y): per query with beta = eps / 2 (eps-DP), or as one (eps, delta)
+    session over the release's queries (module docstring)."""
+
+    epsilon: float
+    delta: float | None = None
+    session: bool = False
+
+    input_type = Votes
+
+    def __post_init__(self) -> None:
+        _params(self.name, self.epsilon, self.delta, self.session)
+
+    @property
+    def per_query(self) -> bool:          # type: ignore[override]
+        return not self.session
+
+    @property
+    def name(self) -> str:
+        return "df-exp-zcdp" if self.session else "df-exp"
+
+    def beta(self, n_queries: int) -> float:
+        if self.session:
+            return df_zcdp_beta(self.epsilon, self.delta, n_queries)
+        return self.epsilon / 2.0
+
+    def guarantee(self, relation: str) -> Guarantee:
+        if self.session:
+            note = ("Dwork-Feldman exponential mechanism on the vote counts, one session: "
+                    "2 beta-bounded range, beta^2/2 zCDP per query, zCDP composition over the "
+                    "release's queries (van der Maaten-Hannun Thm 8 value of beta)")
+            return Guarantee(float(self.epsilon), float(self.delta), relation, self.name, note)
+        return Guarantee(float(self.epsilon), 0.0, relation, self.name,
+                         f"Dwork-Feldman exponential mechanism on the vote counts, "
+                         f"P(y) ~ exp(beta n_y) with beta = eps/2 = {self.epsilon / 2!r}: one "
+                         f"moved vote changes the log-ratio by at most 2 beta")
+
+    def _draw(self, inputs: Votes, rng):
+        p = df_probabilities(_counts(inputs.votes, inputs.n_classes), self.beta(inputs.n_queries))
+        u = rng.random((p.shape[0], 1))
+        return np.minimum((np.cumsum(p, axis=1) < u).sum(axis=1), p.shape[1] - 1)
+
+    def _correct(self, inputs: Votes, y):
+        p = df_probabilities(_counts(inputs.votes, inputs.n_classes), self.beta(inputs.n_queries))
+        valid = (y >= 0) & (y < inputs.n_classes)
+        return np.where(valid, p[np.arange(len(y)), np.clip(y, 0, inputs.n_classes - 1)], 0.0)
+
+
+register("df-exp", inputs=Votes, needs_delta=False,
+         summary="Dwork-Feldman exponential mechanism on the votes, beta = eps/2, eps-DP per query")(
+    partial(DworkFeldman, session=False))
+register("df-exp-zcdp", inputs=Votes, needs_delta=True,
+         summary="Dwork-Feldman exponential mechanism, one zCDP-composed (eps, delta) session")(
+    partial(DworkFeldman, session=True))
