@@ -33,8 +33,8 @@ from agt.errors import ConfigError, DataError, PrivacyError, Problems
 
 from mechanisms.guarantee import RELATIONS, Guarantee, check_relation
 from mechanisms.inputs import Certified, Votes
+from mechanisms.noise import REFUSED
 
-REFUSED = -1          # the released label of "no answer"
 
 __all__ = ["Mechanism", "REFUSED", "MECHANISMS", "Entry", "register", "make_mechanism",
            "mechanism_names"]

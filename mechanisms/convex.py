@@ -45,7 +45,7 @@ from scipy.special import log_ndtr, ndtr
 from agt.errors import DataError, Problems
 
 from mechanisms.base import Mechanism, register
-from mechanisms.checks import check_delta, check_epsilon, class_array, privacy_problems
+from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Source, check_query_ids
 
@@ -161,16 +161,6 @@ def _labels(z: NDArray[np.float64]) -> NDArray[np.int64]:
     return (z[..., 0] > 0).astype(np.int64) if z.shape[-1] == 1 else z.argmax(axis=-1)
 
 
-def _params(name: str, epsilon, delta, needs_delta: bool) -> None:
-    problems = privacy_problems(name)
-    check_epsilon(epsilon, problems)
-    if needs_delta:
-        check_delta(delta, problems)
-    elif delta not in (None, 0, 0.0):
-        problems.add(f"{name} is pure eps-DP and takes no delta, got {delta!r}")
-    problems.raise_if_any()
-
-
 # ---------------------------------------------------------------------------------------------
 # Mechanisms
 
@@ -185,7 +175,7 @@ class _Convex(Mechanism):
     estimate_draws = 2000
 
     def __post_init__(self) -> None:
-        _params(self.name, self.epsilon, self.delta, self.gaussian)
+        check_params(self.name, self.epsilon, self.delta, self.gaussian)
 
     def _correct(self, inputs: LinearModel, y):
         rng = np.random.default_rng(20240617)     # a fixed estimator, not a release
