@@ -269,9 +269,18 @@ def _serial(fn, shared, threads: int, sched: _Scheduler) -> None:
 # ------------------------------------------------------------------------------------------
 # local processes
 
+def _thread_lock_for_bars() -> None:
+    """Workers draw no bars; a thread lock keeps tqdm from creating a multiprocessing
+    semaphore, which a killed worker would leak (a resource_tracker warning at exit)."""
+    import threading
+
+    tqdm.set_lock(threading.RLock())
+
+
 def _worker_main(conn, threads: int) -> None:
     """A worker process: receive (fn, shared), then run task indices until None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the parent handles Ctrl-C
+    _thread_lock_for_bars()
     try:
         fn, shared = pickle.loads(conn.recv_bytes())
         from agt.threads import set_threads
@@ -427,6 +436,7 @@ def _ray_task(token: str, boxed: list, i: int, threads: int) -> bytes:
     if token not in _RAY_CACHE:
         import ray
 
+        _thread_lock_for_bars()
         _RAY_CACHE.clear()
         _RAY_CACHE[token] = pickle.loads(ray.get(boxed[0]))
     fn, shared = _RAY_CACHE[token]
