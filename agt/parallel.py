@@ -90,10 +90,6 @@ class Execution:
     threads: int              # intra-op threads of every task
     ray_address: str | None = None
 
-    def to_json_dict(self) -> dict:
-        return {"backend": self.backend, "workers": self.workers, "threads": self.threads,
-                "ray_address": self.ray_address}
-
 
 def plan_execution(n_tasks: int, *, workers: int | None = None, backend: str | None = None,
                    threads: int | None = None, ray_address: str | None = None,
