@@ -22,7 +22,17 @@ format of agt/store.py) and ``manifest.json``::
                    "dataset_sha256": ..., "bundle_id": ..., "relations": [...],
                    "seconds": ...}, ...],
      "k_values": [...], "relations": ["replace-one"], "config": {...},
-     "dataset_sha256": <sha of the whole training split>, "created": ..., "agt_version": ...}
+     "dataset_sha256": <sha of the whole training split>, "created": ..., "agt_version": ...,
+     "execution": {"backend": "serial"|"process"|"ray", "workers": W,
+                   "threads_per_teacher": t, "reruns": [{"teacher", "attempt", "reason"}]}}
+
+(``execution`` and ``seconds`` say how this run went; readers do not require them.)
+
+Execution: teachers are independent, so `train_ensemble` runs them through agt/parallel.py:
+one after another, in W local processes, or as Ray tasks on a cluster. Every backend runs
+the same function (`train_teacher`) with the same per-teacher intra-op thread count
+(default 1; the thread count can change float summation order, agt/threads.py), so the
+bundles are byte-identical whichever way they were trained.
 
 Teacher bundles certify replace-one only (whatever their own training would allow: adding a
 record to the whole dataset shifts the partition) and name their parent ensemble (its
@@ -47,15 +57,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from agt import __version__
+from agt.version import __version__
 from agt.certify import Certifier
 from agt.config import TrainConfig
 from agt.data import Dataset, validate_dataset
 from agt.errors import BundleError, ConfigError
 from agt.io import atomic_directory
+from agt.parallel import DEFAULT_RETRIES, plan_execution, run_tasks
 from agt.store import Bundle, from_result, read_bundle, write_bundle
+from agt.threads import TEACHER_THREADS
 from agt.training import REPLACE, train
 
 FORMAT = "agt-ensemble"
@@ -177,28 +188,60 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def train_teacher(cfg: TrainConfig, ds: Dataset, t: int, n_teachers: int,
+                  dataset_sha256: str | None = None) -> tuple[Bundle, float]:
+    """Teacher t of T: AGT on its index-mod-T part with seed ``cfg.seed + t``; returns its
+    bundle (replace-one only, naming its ensemble) and its training seconds. The one
+    definition every backend runs (`train_ensemble`)."""
+    dataset_sha256 = dataset_sha256 or ds.sha256()
+    result = train(cfg.replace(seed=teacher_seed(cfg.seed, t)), teacher_dataset(ds, t, n_teachers))
+    bundle = from_result(result, parent=teacher_parent(dataset_sha256, n_teachers, t))
+    bundle.relations = ENSEMBLE_RELATIONS
+    return bundle, result.seconds
+
+
+def _teacher_task(shared: tuple, t: int) -> tuple[Bundle, float]:
+    """Task function of agt.parallel (module level: worker processes import it by name)."""
+    cfg, ds, n_teachers, dataset_sha256 = shared
+    return train_teacher(cfg, ds, t, n_teachers, dataset_sha256)
+
+
 def train_ensemble(cfg: TrainConfig, ds: Dataset, n_teachers: int, *,
-                   progress: bool = False) -> Ensemble:
+                   workers: int | None = None, backend: str | None = None,
+                   threads: int | None = None, ray_address: str | None = None,
+                   retries: int = DEFAULT_RETRIES, progress: bool = False) -> Ensemble:
     """Train T teachers with AGT on the index-mod-T parts of ``ds`` (one pass each over the
-    config's k grid). Returns the ensemble in memory (``path`` None); see `write_ensemble`."""
+    config's k grid). Returns the ensemble in memory (``path`` None); see `write_ensemble`.
+
+    Execution (agt/parallel.py): `backend` "serial" (default), "process" (`workers` local
+    processes; the default when workers > 1) or "ray" (the default with a `ray_address`;
+    None or "local" starts a private local Ray instance, "auto" or "ray://host:port" joins a
+    cluster). Every teacher trains with the same number of intra-op threads: `threads`, else
+    OMP_NUM_THREADS, else 1 (agt/threads.py); workers x threads must fit in this machine's
+    cores when the workers run here.
+
+    Guarantee: the bundles depend on (cfg, ds, T) and the per-teacher thread count only --
+    the same nominal parameters, bounds and order, byte for byte, and the same bundle ids
+    and ensemble id, whichever backend and number of workers trained them (tests/agt/
+    test_parallel_ensemble.py). The manifest records how it ran (``execution``: backend,
+    workers, threads_per_teacher, re-runs). A teacher whose worker fails is re-run (at most
+    `retries` times, then WorkerError); a user error in a teacher (AGTError) is raised once,
+    unretried; either way nothing is returned, so nothing half-trained can be written."""
     validate_dataset(ds)
     check_ensemble_plan(cfg, ds.n_train, n_teachers)
-    entries, bundles = [], []
-    bar = tqdm(range(n_teachers), desc=f"AGT teachers (T={n_teachers})", unit="teacher",
-               disable=not progress)
+    execution = plan_execution(n_teachers, workers=workers, backend=backend, threads=threads,
+                               ray_address=ray_address, default_threads=TEACHER_THREADS)
     dataset_sha = ds.sha256()
-    for t in bar:
-        seed = teacher_seed(cfg.seed, t)
-        tds = teacher_dataset(ds, t, n_teachers)
-        result = train(cfg.replace(seed=seed), tds)
-        bundle = from_result(result, parent=teacher_parent(dataset_sha, n_teachers, t))
-        bundle.relations = ENSEMBLE_RELATIONS
+    report = run_tasks(_teacher_task, (cfg, ds, n_teachers, dataset_sha), n_teachers, execution,
+                       retries=retries, progress=progress,
+                       desc=f"AGT teachers (T={n_teachers})", unit="teacher")
+    entries, bundles = [], []
+    for t, (bundle, seconds) in enumerate(report.results):
         bundles.append(bundle)
-        entries.append({"index": t, "file": f"teacher_{t:03d}.h5", "seed": seed,
+        entries.append({"index": t, "file": f"teacher_{t:03d}.h5", "seed": teacher_seed(cfg.seed, t),
                         "n_train": bundle.n_train, "dataset_sha256": bundle.dataset_sha256,
                         "bundle_id": bundle.bundle_id, "relations": list(bundle.relations),
-                        "seconds": round(result.seconds, 6)})
-    bar.close()
+                        "seconds": round(seconds, 6)})
     relations = list(ENSEMBLE_RELATIONS)
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "n_teachers": n_teachers,
@@ -208,6 +251,10 @@ def train_ensemble(cfg: TrainConfig, ds: Dataset, n_teachers: int, *,
         "relations": relations, "config": cfg.to_json_dict(),
         "dataset_sha256": dataset_sha, "n_classes": int(ds.n_classes), "dataset": ds.name,
         "created": _now(), "agt_version": __version__,
+        "execution": {"backend": execution.backend, "workers": execution.workers,
+                      "threads_per_teacher": execution.threads,
+                      "reruns": [{"teacher": r.index, "attempt": r.attempt, "reason": r.reason}
+                                 for r in report.reruns]},
     }
     return Ensemble(None, manifest, bundles)
 

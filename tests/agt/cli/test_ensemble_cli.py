@@ -3,6 +3,8 @@ student)."""
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +39,9 @@ device: cpu
 """
 Q = 40
 MECHS = ("lnmax", "ens-ss-laplace", "ens-ss-cauchy", "ens-ptr", "ens-ptr-votes", "ens-ptr-gs",
-         "gs", "ss-cauchy", "ss-laplace")
-PURE = ("lnmax", "ens-ss-cauchy", "gs", "ss-cauchy")
+         "ens-exp-radius", "ens-svt", "gs", "ss-cauchy", "ss-laplace", "exp-radius", "ptr", "svt")
+PURE = ("lnmax", "ens-ss-cauchy", "gs", "ss-cauchy", "exp-radius", "ens-exp-radius")
+SESSIONS = ("svt", "ens-svt")
 
 
 def run(capsys, *argv):
@@ -108,6 +111,54 @@ def test_train_ensemble_command_errors(workdir, capsys, tmp_path, monkeypatch, a
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_train_ensemble_in_parallel_gives_the_serial_ensemble(workdir, capsys, tmp_path):
+    serial = read_ensemble(workdir / "ens")
+    rc, out, err = run(capsys, "train", "--config", workdir / "blobs.yaml", "--ensemble", 3,
+                       "--workers", 2, "--threads", 1, "--out", tmp_path / "p")
+    assert rc == 0, err
+    assert "execution: process, 2 worker(s), 1 thread(s) per teacher" in out
+    assert "AGT teachers (T=3)" in err and "3/3" in err
+    parallel = read_ensemble(tmp_path / "p")
+    assert parallel.ensemble_id == serial.ensemble_id
+    assert [b.bundle_id for b in parallel.bundles] == [b.bundle_id for b in serial.bundles]
+
+
+def test_a_teachers_user_error_is_one_line_and_writes_nothing(workdir, capsys, tmp_path):
+    """Every teacher fails with the same ConfigError (its pretrained file is missing): reported
+    once, never retried, and no ensemble directory appears."""
+    body = (workdir / "blobs.yaml").read_text() + f"pretrained: {tmp_path / 'missing.pt'}\n"
+    (tmp_path / "c.yaml").write_text(body)
+    rc, out, err = run(capsys, "train", "--config", tmp_path / "c.yaml", "--ensemble", 3,
+                       "--out", tmp_path / "e", "--quiet")
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("agt: error: pretrained file not found")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workers", 2], "give --ensemble T"),
+    (["--ensemble", 3, "--workers", 2, "--threads", 100000], r"exceeds the \d+ core"),
+    (["--ensemble", 3, "--ray-address", "local", "--threads", 100000],
+     r"exceeds the \d+ core|needs Ray"),
+    (["--threads", 100000], r"1 worker\(s\) x 100000 thread\(s\) \(--threads\)"),
+])
+def test_parallel_options_refused_before_any_work(workdir, capsys, tmp_path, argv, message):
+    rc, out, err = run(capsys, "train", "--config", workdir / "blobs.yaml", "--quiet",
+                       "--out", tmp_path / "e", *argv)
+    assert rc == 2 and re.search(message, err) and err.startswith("agt: error:")
+    assert err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_ray_address_without_ray_is_a_one_line_error(workdir, capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    rc, _, err = run(capsys, "train", "--config", workdir / "blobs.yaml", "--ensemble", 3,
+                     "--ray-address", "auto", "--out", tmp_path / "e", "--quiet")
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("agt: error: the Ray backend needs Ray, which is not installed: "
+                          "pip install -e \".[distributed]\"")
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- agt teacher-labels -------------------------------------------------------------------
 
 @pytest.mark.parametrize("mech", MECHS)
@@ -117,7 +168,8 @@ def test_teacher_labels_every_mechanism_records_every_label(workdir, tmp_path, c
     f = np.load(tmp_path / "labels.npz")
     labels = f["labels"]
     assert labels.shape == (Q,) and labels.dtype == np.int64
-    assert set(np.unique(labels)) <= ({-1, 0, 1} if "ptr" in mech else {0, 1})
+    assert set(np.unique(labels)) <= ({-1, 0, 1} if "ptr" in mech or mech in SESSIONS
+                                      else {0, 1})
     assert str(f["mechanism"]) == mech and str(f["relation"]) == "replace-one"
     single = not (mech == "lnmax" or mech.startswith("ens-"))
     assert int(f["n_queries"]) == Q and int(f["n_teachers"]) == (1 if single else 3)
@@ -126,9 +178,15 @@ def test_teacher_labels_every_mechanism_records_every_label(workdir, tmp_path, c
     assert not {"votes", "radius", "radii", "teacher_predictions", "source_id",
                 "dataset_sha256", "query_hash", "ledger_mechanism"} & set(f.files)
     assert bool(f["seeded"]) and int(f["insecure_seed"]) == 1
-    # the ledger holds one release per label, for the query it labelled, in order
     x = np.load(workdir / "public.npz")["x"]
     rows = releases(tmp_path / "l.db")
+    if mech in SESSIONS:     # one session: one ledger entry for all Q labels, the whole budget
+        assert len(rows) == 1 and "session of 40 queries" in rows[0].note
+        assert not bool(f["guarantee_per_query"])
+        assert (float(f["epsilon_per_query"]), float(f["delta_per_query"])) == (200.0, 1e-5)
+        assert "the whole session" in out
+        return
+    # the ledger holds one release per label, for the query it labelled, in order
     assert len(rows) == Q
     assert [r.query_hash for r in rows] == [hash_query(x[i]) for i in range(Q)]
     assert {r.mechanism for r in rows} == {mech}
@@ -148,7 +206,7 @@ def test_teacher_labels_every_mechanism_records_every_label(workdir, tmp_path, c
         assert answered.mean() > 0.8 and (labels[answered] == y[answered]).mean() > 0.8
         assert "label accuracy on the answered public queries" in out
     # stdout carries no owner-only number either
-    assert "radius" not in out and "vote" not in out.replace(mech, "")
+    assert "radius" not in out.replace(mech, "") and "vote" not in out.replace(mech, "")
 
 
 def test_refuses_past_the_total_budget(workdir, tmp_path, capsys):
