@@ -25,14 +25,16 @@ over unchanged. The path:
 
 * Merge lemma. For multisets A, B and k <= |A|: top_k(A u B) = top_k(top_k(A) u B) as
   multisets of values. (An element of A outside top_k(A) has k elements of A at least as
-  large; ties are interchangeable in a sum.) The first fragment fills the buffer, later
-  ones are merged into it; +-inf fills slots only while fewer than k values were seen.
+  large; ties are interchangeable in a sum.) The first fragment fills the buffer (A is
+  then the +-inf fill, which loses to every value), later ones are merged into it; the
+  fill survives only while fewer than k values were seen, and counts 0 in the sums (the
+  prefix sums zero it after sorting, where it sorts behind every value).
 * Selection on the CPU by numpy: ``ndarray.partition`` (introselect, SIMD on x86) puts a
   row's k largest last, in place: measured 8-10x faster than ``torch.topk`` and
-  ``torch.kthvalue`` on rows of 2000-10000 values. On rows that are mostly ties (the exact zeros of ReLU masks,
-  gradients saturated at +-gamma) introselect slows down 3-10x and a full SIMD sort is
-  faster, so `select` sorts when sample rows say so. Row blocks go to torch's thread count
-  (numpy releases the GIL). Other devices use ``torch.topk``.
+  ``torch.kthvalue`` on rows of 2000-10000 values. On rows that are mostly ties (the
+  exact zeros of ReLU masks, gradients saturated at +-gamma) introselect slows down 3-10x
+  and a full SIMD sort is faster, so `select` sorts when sample rows say so. Row blocks go
+  to torch's thread count (numpy releases the GIL). Other devices use ``torch.topk``.
 * The k largest of -g^U are minus the k smallest of g^U, and the clamp is symmetric: the
   upper side selects the k smallest of g^U directly (no negation pass; sums flip sign exactly).
 * One buffer per box, of that box's own k (a box with k = 0 keeps none); a box shared by
@@ -43,8 +45,8 @@ over unchanged. The path:
 
 Ideas of the issue not kept (benchmarks/bench_imdb.py, bench_heatmap.py): thresholds from the
 nominal order statistics (the variational form is equal to exact only at a threshold between
-the k-th and (k+1)-th largest *bound*, which nominal thresholds rarely hit, and thresholds
-that depend on the data break the nesting proof); the variational form at the exact order
+the k-th and (k+1)-th largest *bound*, which nominal thresholds rarely hit, and no nesting
+proof is known for thresholds that depend on the data); the variational form at the exact order
 statistic (equal to exact, but that statistic is known only after the last fragment: a
 second pass over the values); lower-precision selection keys (the selection is no longer the
 bottleneck, and ties in a coarser key would need an exact correction).
