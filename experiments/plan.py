@@ -256,11 +256,15 @@ class SingleSettings:
     delta: float = 1e-5
     tolerance: float = 0.01
     mechanisms: tuple = ("gs", "ss-laplace", "ss-cauchy", "exp-radius", "ptr")
+    report_epsilons: tuple = (0.1, 1.0)
 
     def validate(self, where: str, problems: Problems) -> None:
         spec = {"logspace": [0.01, 10.0, 20]} if self.epsilons is None else self.epsilons
         _set_grid(self, problems, spec, f"{where}.epsilons")
         _names(problems, where, self.mechanisms, "Certified")
+        for e in self.report_epsilons:
+            problems.check(isinstance(e, (int, float)) and math.isfinite(e) and e > 0,
+                           f"{where}.report_epsilons must list epsilons > 0, got {e!r}")
         if self.repeats < 1:
             problems.add(f"{where}.repeats must be >= 1, got {self.repeats}")
         _delta(problems, where, delta=self.delta)

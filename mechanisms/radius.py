@@ -72,11 +72,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.base import REFUSED, Mechanism, register
-from mechanisms.checks import check_delta, check_epsilon, privacy_problems
-from mechanisms.ensemble import aggregate, ensemble_radius, ptr_draw, ptr_release_probability, \
-    ptr_threshold
+from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified, Votes
+from mechanisms.noise import ptr_draw, ptr_release_probability, ptr_threshold
+from mechanisms.votes import aggregate, ensemble_radius
 
 FALLBACKS = ("refuse", "exp-radius")
 
@@ -117,16 +117,6 @@ def exp_draw(answer: NDArray[np.int64], radius: NDArray[np.int64], epsilon: floa
     return np.where(rng.random(answer.shape) < flip, other, answer).astype(np.int64)
 
 
-def _params(name: str, epsilon, delta, needs_delta: bool) -> None:
-    problems = privacy_problems(name)
-    check_epsilon(epsilon, problems)
-    if needs_delta:
-        check_delta(delta, problems)
-    elif delta not in (None, 0, 0.0):
-        problems.add(f"{name} is pure eps-DP per query and takes no delta, got {delta!r}")
-    problems.raise_if_any()
-
-
 @dataclass(frozen=True)
 class ExponentialRadius(Mechanism):
     """The exponential mechanism on the radius (module docstring): eps-DP per query, any
@@ -139,7 +129,7 @@ class ExponentialRadius(Mechanism):
     uses_radii = True
 
     def __post_init__(self) -> None:
-        _params(self.name, self.epsilon, self.delta, False)
+        check_params(self.name, self.epsilon, self.delta, False)
 
     @property
     def input_type(self):         # type: ignore[override]
@@ -193,7 +183,7 @@ class RadiusPTR(Mechanism):
     uses_radii = True
 
     def __post_init__(self) -> None:
-        _params(self.name, self.epsilon, self.delta, True)
+        check_params(self.name, self.epsilon, self.delta, True)
 
     @property
     def name(self) -> str:

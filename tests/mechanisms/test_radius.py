@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from agt.errors import DataError, PrivacyError
+from agt.errors import BudgetExceededError, DataError, PrivacyError
 from mechanisms import Certified, Ledger, Source, Votes, make_mechanism
 from mechanisms.ensemble import ensemble_radius
 from mechanisms.noise import make_generator
@@ -208,7 +208,7 @@ def test_session_refuses_after_the_cutoff_and_is_one_ledger_entry():
         assert len(ledger.entries()) == 1 and "session of 14 queries" in ledger.entries()[0].note
         assert not out.per_query
         assert ledger.spent().epsilon == 2.0
-        with pytest.raises(Exception):
+        with pytest.raises(BudgetExceededError):
             ledger.release(mech, inputs)                 # the whole budget was the session
     labels = out.labels
     assert (labels[:5] == 1).all()                          # far above the threshold: free
