@@ -117,3 +117,19 @@ def mechanism_options(args) -> dict:
                               f"{args.mechanism}")
         out[key] = value
     return out
+
+
+def add_release_options(p, out_help: str, accountant_help: str) -> None:
+    """The options every release command shares: ledger, relation, seed and output."""
+    p.add_argument("--ledger", help="SQLite privacy ledger (default: the private dataset's own "
+                   "ledger under $AGT_LEDGER_DIR or ~/.agt/ledgers); created if missing")
+    p.add_argument("--accountant", choices=("standard", "best", "advanced", "tight"),
+                   help=accountant_help)
+    p.add_argument("--relation", choices=("replace-one", "add-remove"),
+                   help="neighbouring relation of a new ledger (default replace-one)")
+    p.add_argument("--insecure-seed", type=non_negative_int, metavar="N",
+                   help="EXPERIMENTS ONLY: seed the noise (anyone who knows N can remove it); "
+                        "recorded in the ledger and the output")
+    p.add_argument("--out", required=True, type=non_empty, help=out_help)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    add_mechanism_options(p)

@@ -17,9 +17,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from agt.cli.format import (add_mechanism_options, guarantee_line, ledger_line,
-                            mechanism_options, non_empty, non_negative_int, positive_float,
-                            unit_float)
+from agt.cli.format import (add_release_options, guarantee_line, ledger_line,
+                            mechanism_options, non_empty, positive_float, unit_float)
 from agt.cli.ledgers import open_ledger, write_after_spend
 
 
@@ -40,23 +39,13 @@ def add_parser(sub) -> None:
                    help="per-query epsilon (svt: of the whole session)")
     p.add_argument("--delta", type=unit_float,
                    help="per-query delta of (eps, delta) mechanisms (svt: of the session)")
-    p.add_argument("--ledger", help="SQLite privacy ledger (default: the private dataset's own "
-                   "ledger under $AGT_LEDGER_DIR or ~/.agt/ledgers); created if missing")
     p.add_argument("--budget-epsilon", type=positive_float,
                    help="total epsilon budget (required for a new ledger)")
     p.add_argument("--budget-delta", type=unit_float,
                    help="total delta budget of a new ledger (default 0)")
-    p.add_argument("--accountant", choices=("standard", "best", "advanced", "tight"),
-                   help="composition of a new ledger (default standard; the others fix the "
+    add_release_options(p, "output .csv (index,label)",
+                        "composition of a new ledger (default standard; the others fix the "
                         "per-query (eps, delta) of this call for the ledger's lifetime)")
-    p.add_argument("--relation", choices=("replace-one", "add-remove"),
-                   help="neighbouring relation of a new ledger (default replace-one)")
-    p.add_argument("--insecure-seed", type=non_negative_int, metavar="N",
-                   help="EXPERIMENTS ONLY: seed the noise (anyone who knows N can remove it); "
-                        "recorded in the ledger")
-    p.add_argument("--out", required=True, type=non_empty, help="output .csv (index,label)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    add_mechanism_options(p)
     p.set_defaults(func=run)
 
 

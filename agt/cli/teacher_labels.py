@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agt.cli.format import (add_mechanism_options, guarantee_line, ledger_line,
+from agt.cli.format import (add_release_options, guarantee_line, ledger_line,
                             mechanism_options, non_empty, non_negative_int, positive_float,
                             unit_float)
 from agt.cli.ledgers import open_ledger, write_after_spend
@@ -49,19 +49,9 @@ def add_parser(sub) -> None:
                         "delta_total / (2 Q); the rest is composition slack)")
     p.add_argument("--teacher", type=non_negative_int, default=0,
                    help="teacher of an ensemble used by single-model mechanisms (default 0)")
-    p.add_argument("--ledger", help="SQLite privacy ledger (default: the private dataset's own "
-                   "ledger under $AGT_LEDGER_DIR or ~/.agt/ledgers); created if missing")
-    p.add_argument("--accountant", choices=("best", "standard", "advanced", "tight"),
-                   help="composition of a new ledger (default best, with this plan's per-query "
+    add_release_options(p, "output labels .npz",
+                        "composition of a new ledger (default best, with this plan's per-query "
                         "guarantee fixed); an existing ledger keeps its own")
-    p.add_argument("--relation", choices=("replace-one", "add-remove"),
-                   help="neighbouring relation of a new ledger (default replace-one)")
-    p.add_argument("--insecure-seed", type=non_negative_int, metavar="N",
-                   help="EXPERIMENTS ONLY: seed the noise (anyone who knows N can remove it); "
-                        "recorded in the ledger and the output")
-    p.add_argument("--out", required=True, type=non_empty, help="output labels .npz")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    add_mechanism_options(p)
     p.add_argument("--train-student", action="store_true",
                    help="train a plain (non-AGT) student on the released labels and report "
                         "its test accuracy (x_test/y_test of the public file)")
