@@ -1,7 +1,56 @@
 """agt: Abstract Gradient Training for smooth-sensitivity private prediction.
 
-The package `agt` certifies (sound parameter bounds, prediction stability); the sibling
-package `mechanisms` adds DP noise and does the privacy accounting.
+The certification engine: train a model with sound interval bounds on the parameters that
+any dataset within distance k could produce, store them, and find each query's certified
+stability radius. It adds no noise and never imports `mechanisms`, the sibling package that
+turns certificates into private labels through its ledger.
+
+    import agt, mechanisms
+    ds = agt.Dataset.from_arrays(x_train, y_train, x_test, y_test)
+    cfg = agt.TrainConfig.create(torch.nn.Sequential(torch.nn.Linear(6, 2)),
+                                 "cross_entropy", learning_rate=2.0, clip_gamma=0.06,
+                                 k_values="0..99")
+    bundle = agt.train(cfg, ds)                       # nominal model + bounds for every k
+    cert = agt.Certifier(bundle).certify(x_query)     # owner-only: predictions and radii
+    with mechanisms.Ledger.open("ledger.db", budget_epsilon=10.0) as ledger:
+        out = ledger.release(mechanisms.make_mechanism("ss-cauchy", 1.0),
+                             mechanisms.Certified.from_certificate(cert))
+    out.labels, out.guarantee                         # what may be published
 """
 
-__version__ = "0.1.0"
+from agt.version import __version__  # noqa: E402,F401
+
+from agt.certify import Certificate, Certifier  # noqa: E402
+from agt.config import TrainConfig, config_from_dict, load_config  # noqa: E402
+from agt.data import Dataset, load_dataset  # noqa: E402
+from agt.ensemble import (Ensemble, EnsembleCertificate, EnsembleCertifier,  # noqa: E402
+                          read_ensemble, write_ensemble)
+from agt.ensemble import train_ensemble  # noqa: E402
+from agt.errors import AGTError  # noqa: E402
+from agt.kgrid import KGrid  # noqa: E402
+from agt.models import ModelSpec  # noqa: E402
+from agt.store import Bundle, read_bundle, write_bundle  # noqa: E402
+from agt.training import TrainResult  # noqa: E402
+from agt.training import train as train_result  # noqa: E402
+
+
+def train(config: TrainConfig, dataset: Dataset, *, progress: bool = False) -> Bundle:
+    """Run AGT (nominal training and bounds for every k of ``config.k_values``) and return
+    the bounds bundle (`write_bundle` stores it)."""
+    from agt.store import from_result
+
+    return from_result(train_result(config, dataset, progress=progress))
+
+
+def certify(bundle: Bundle, x, *, device: str = "cpu") -> Certificate:
+    """Per query: the served model's prediction and its stability radius (owner-only)."""
+    return Certifier(bundle, device=device).certify(x)
+
+
+__all__ = [
+    "train", "certify", "train_ensemble", "read_bundle", "write_bundle", "read_ensemble",
+    "write_ensemble", "Bundle", "Certificate", "Certifier", "Dataset", "Ensemble",
+    "EnsembleCertificate", "EnsembleCertifier", "KGrid", "ModelSpec", "TrainConfig",
+    "TrainResult", "AGTError", "config_from_dict", "load_config", "load_dataset",
+    "train_result",
+]

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from agt import __version__
+from agt.version import __version__
 from agt.certify import Certifier
 from agt.config import TrainConfig
 from agt.data import Dataset, validate_dataset

@@ -85,9 +85,10 @@ def check_output(path: str | Path, *, suffixes: tuple[str, ...] = (), overwrite:
     """Refuse an output path that cannot be written, before any work is done.
 
     Checks: the suffix (when `suffixes` is given), that `path` is not a directory, that no
-    parent is a regular file, that the folder is writable (a probe file is created and
-    removed; missing folders are created), and, with ``overwrite=False``, that `path` does
-    not exist yet. Raises ConfigError with a one-line reason."""
+    parent is a regular file, that the nearest existing folder is writable (probed with a
+    temporary file when the target folder exists; nothing is created otherwise), and, with
+    ``overwrite=False``, that `path` does not exist yet. Raises ConfigError with a one-line
+    reason."""
     path = Path(path)
     if suffixes and path.suffix not in suffixes:
         raise ConfigError(f"{what} must end in {' or '.join(suffixes)}, got {path.name!r}")
@@ -96,15 +97,14 @@ def check_output(path: str | Path, *, suffixes: tuple[str, ...] = (), overwrite:
     if path.exists() and not overwrite:
         raise ConfigError(f"{what} {path} exists; refusing to overwrite a release file (give a "
                           f"new name, or --overwrite)")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"{what} {path}: {parent} is a file, not a folder")
-            break
+    existing = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{what} {path}: {existing} is a file, not a folder")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        probe = _temporary(path)
-        probe.unlink()
+        if existing == path.parent:
+            _temporary(path).unlink()
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            raise PermissionError(13, "permission denied")
     except OSError as exc:
         raise ConfigError(f"{what} {path} cannot be written ({exc.strerror or exc}); choose a "
                           f"writable location") from None

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from agt.errors import ConfigError, DataError
+from agt.errors import ConfigError, Problems
 
 LAYER_KINDS = ("linear", "conv2d", "relu", "flatten")
 _LAYER_KEYS = {
@@ -121,7 +121,15 @@ class ModelSpec:
         if not isinstance(entries, list) or not entries:
             raise ConfigError("model must be a non-empty list of layers, e.g. "
                               "[{linear: {in: 6, out: 2}}]")
-        layers = tuple(parse_layer(e, i) for i, e in enumerate(entries))
+        problems = Problems(kind=ConfigError)
+        layers = []
+        for i, entry in enumerate(entries):
+            try:
+                layers.append(parse_layer(entry, i))
+            except ConfigError as exc:        # every bad layer in one message
+                problems.add(str(exc))
+        problems.raise_if_any()
+        layers = tuple(layers)
         if isinstance(frozen_layers, bool) or not isinstance(frozen_layers, int) \
                 or not 0 <= frozen_layers < len(layers):
             raise ConfigError(f"frozen_layers must be an integer in [0, {len(layers) - 1}], "

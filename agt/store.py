@@ -40,7 +40,7 @@ import h5py
 import numpy as np
 import torch
 
-from agt import __version__
+from agt.version import __version__
 from agt.errors import BundleError, ConfigError
 from agt.io import atomic_write
 from agt.kgrid import KGrid

@@ -34,9 +34,13 @@ def expected_accuracy(mechanism: Mechanism, inputs, y: np.ndarray) -> float:
 
 def simulate(mechanism: Mechanism, inputs, rng: np.random.Generator) -> np.ndarray:
     """One deployment: release every query of `inputs` through a fresh in-memory ledger
-    whose budget is what the releases compose to (standard composition)."""
+    whose budget is what the releases compose to (standard composition; a session's own
+    guarantee)."""
     g = mechanism.guarantee_for(inputs, RELATION)
-    eps_t, delta_t = standard_composition(g.epsilon, g.delta, inputs.n_queries)
+    if mechanism.per_query:
+        eps_t, delta_t = standard_composition(g.epsilon, g.delta, inputs.n_queries)
+    else:                       # a session: one guarantee for all its queries
+        eps_t, delta_t = g.epsilon, g.delta
     with Ledger.in_memory(eps_t, delta_t, "standard", relation=RELATION,
                           dataset_sha256=inputs.source.dataset_sha256) as ledger:
         return ledger.release(mechanism, inputs, insecure_rng=rng).labels
@@ -58,3 +62,16 @@ def evaluate(mechanism: Mechanism, inputs, y: np.ndarray, rngs) -> dict:
     m, sd = mean_std(draws)
     return {"expected": expected_accuracy(mechanism, inputs, y), "sampled_mean": m,
             "sampled_std": sd, "sampled": draws}
+
+
+def evaluate_seeds(mechanism: Mechanism, inputs_by_seed, y: np.ndarray, rngs) -> dict:
+    """One mechanism over the models of every training seed: the exact expected accuracy per
+    seed, its mean and std over seeds (what the tables and plots show), and the simulated
+    deployments of the first seed's model (a check of the exact numbers)."""
+    first = evaluate(mechanism, inputs_by_seed[0], y, rngs)
+    by_seed = [first["expected"]] + [expected_accuracy(mechanism, i, y)
+                                     for i in inputs_by_seed[1:]]
+    m, sd = mean_std(by_seed)
+    return {"expected": m, "expected_std": sd, "expected_by_seed": by_seed,
+            "sampled_mean": first["sampled_mean"], "sampled_std": first["sampled_std"],
+            "sampled": first["sampled"]}

@@ -26,7 +26,7 @@ from typing import Any, Iterable
 import numpy as np
 from tqdm.auto import tqdm
 
-from agt import __version__
+from agt.version import __version__
 from agt.certify import Certificate, Certifier
 from agt.io import atomic_write
 from agt.ensemble import Ensemble, EnsembleCertificate, EnsembleCertifier, train_ensemble
@@ -36,6 +36,8 @@ from mechanisms import ADD_REMOVE, Certified, Guarantee, Votes
 from mechanisms.ensemble import aggregate
 
 from experiments.accuracy import RELATION
+
+ENSEMBLE_SEED_STRIDE = 10_007     # > any ensemble size: teacher seeds never repeat across runs
 
 from experiments.plan import Plan, display_path
 from experiments.pipelines import Prepared, prepare
@@ -130,8 +132,8 @@ class Context:
         self.progress = progress
         self.device = device
         self._prepared: Prepared | None = None
-        self._single: SingleModel | None = None
-        self._ensembles: dict[int, EnsembleModel] = {}
+        self._single: dict[int, SingleModel] = {}
+        self._ensembles: dict[tuple[int, int], EnsembleModel] = {}
         self._dpsgd: dict[tuple, list] = {}
 
     # -- shared inputs ---------------------------------------------------------------------
@@ -151,9 +153,18 @@ class Context:
         return self.prepared.dataset
 
     @property
+    def seeds(self) -> tuple[int, ...]:
+        """Training seeds of the models every experiment reports over (mean +- std): --seed
+        alone if given, else the plan's seeds, else the training config's seed. Never
+        chosen by accuracy."""
+        if self.seed_override is not None:
+            return (int(self.seed_override),)
+        return tuple(self.plan.seeds) or (int(self.config.seed),)
+
+    @property
     def seed(self) -> int:
-        """The run's seed: --seed if given, else the training config's."""
-        return int(self.seed_override) if self.seed_override is not None else int(self.config.seed)
+        """The first training seed; also the base seed of the sampled releases."""
+        return self.seeds[0]
 
     def rngs(self, *keys: Any, repeats: int) -> list[np.random.Generator]:
         """`repeats` independent generators for the setting named by `keys`."""
@@ -165,16 +176,22 @@ class Context:
         return tqdm(iterable, desc=desc, total=total, disable=not self.progress, leave=False)
 
     # -- memoised models ---------------------------------------------------------------------
-    def single(self) -> SingleModel:
-        """The single AGT model on the whole private set, certified on the test queries."""
-        if self._single is None:
+    def single(self, seed: int | None = None) -> SingleModel:
+        """The single AGT model of training seed `seed` (default: the first) on the whole
+        private set, certified on the test queries."""
+        seed = self.seed if seed is None else int(seed)
+        if seed not in self._single:
             t0 = time.perf_counter()
-            result = train(self.config, self.dataset, progress=self.progress)
+            result = train(self.config.replace(seed=seed), self.dataset, progress=self.progress)
             bundle = from_result(result)
             cert = Certifier(bundle, device=self.device).certify(self.dataset.x_test)
-            self._single = SingleModel(bundle, cert, Certified.from_certificate(cert),
-                                       time.perf_counter() - t0)
-        return self._single
+            self._single[seed] = SingleModel(bundle, cert, Certified.from_certificate(cert),
+                                             time.perf_counter() - t0)
+        return self._single[seed]
+
+    def singles(self) -> list[SingleModel]:
+        """One single model per training seed."""
+        return [self.single(s) for s in self.seeds]
 
     def ensemble_k_values(self, n_teachers: int) -> tuple[int, ...]:
         """The config's k grid cut to k < every teacher's batch, min(batch, floor(n / T)):
@@ -182,21 +199,29 @@ class Context:
         batch = self.config.batch_for(self.dataset.n_train // n_teachers)
         return tuple(self.config.k_values.below(batch))
 
-    def ensemble(self, n_teachers: int, keep: bool = True) -> EnsembleModel:
-        """T teachers trained with AGT and certified on the test queries. `keep`: memoise it
-        for later experiments (teachers' bounds can be large: T x K x parameters)."""
-        if n_teachers in self._ensembles:
-            return self._ensembles[n_teachers]
+    def ensemble(self, n_teachers: int, seed: int | None = None,
+                 keep: bool = True) -> EnsembleModel:
+        """T teachers trained with AGT and certified on the test queries; training seed
+        `seed` (default: the first) gives teacher t the seed ENSEMBLE_SEED_STRIDE * seed + t,
+        so the ensembles of different seeds share no initialisation. `keep`: memoise it for
+        later experiments (teachers' bounds can be large: T x K x parameters)."""
+        seed = self.seed if seed is None else int(seed)
+        if (n_teachers, seed) in self._ensembles:
+            return self._ensembles[(n_teachers, seed)]
         t0 = time.perf_counter()
         ks = self.ensemble_k_values(n_teachers)
-        ens = train_ensemble(self.config.replace(k_values=list(ks)), self.dataset,
-                             n_teachers, progress=self.progress)
+        cfg = self.config.replace(k_values=list(ks), seed=ENSEMBLE_SEED_STRIDE * seed)
+        ens = train_ensemble(cfg, self.dataset, n_teachers, progress=self.progress)
         cert = EnsembleCertifier(ens, device=self.device).certify(self.dataset.x_test)
         model = EnsembleModel(ens, cert, Votes.from_certificate(cert), ks,
                               time.perf_counter() - t0)
         if keep:
-            self._ensembles[n_teachers] = model
+            self._ensembles[(n_teachers, seed)] = model
         return model
+
+    def ensembles(self, n_teachers: int, keep: bool = True) -> list[EnsembleModel]:
+        """One T-teacher ensemble per training seed."""
+        return [self.ensemble(n_teachers, s, keep) for s in self.seeds]
 
     def dpsgd(self, epsilon: float, delta: float, settings: dict, n_seeds: int) -> list:
         """DP-SGD runs (Opacus) of the AGT model that are (epsilon, delta)-DP under the
@@ -212,8 +237,9 @@ class Context:
             runs = []
             for s in range(n_seeds):
                 dp = DPSGDConfig(target_epsilon=eps_a, target_delta=delta_a,
-                                 seed=self.seed + s, **settings)
-                runs.append(train_dpsgd(self.config, self.dataset, dp, device=self.device,
+                                 seed=self.seed + s, **settings)   # seeded: experiments only
+                runs.append(train_dpsgd(self.config.replace(seed=self.seed + s), self.dataset,
+                                        dp, device=self.device,
                                         progress=self.progress))
             self._dpsgd[key] = runs
         return self._dpsgd[key]
@@ -236,7 +262,10 @@ class Context:
         cfg["data"] = data
         return {
             "experiment": name, "dataset": self.plan.dataset, "quick": self.plan.quick,
-            "seed": self.seed, "agt_version": __version__,
+            "seed": self.seed, "training_seeds": list(self.seeds), "agt_version": __version__,
+            "owner_only": "research output on the owner's data (accuracies, radii and bound "
+                          "statistics of the trained models): not a private release; every "
+                          "simulated release in it went through an in-memory ledger",
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "settings": self.plan.to_json_dict()["settings"].get(name),
             "plan_file": display_path(self.plan.path),

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from agt.errors import ConfigError
+from agt.errors import ConfigError, Problems
 
 DATASETS = ("blobs", "octmnist", "imdb")
 EXPERIMENT_NAMES = ("heatmap", "single", "ensembles", "budget", "kgrid", "teacher")
@@ -91,46 +91,64 @@ def _coerce(value: Any, default: Any, where: str) -> Any:
 
 
 def build_settings(cls, raw: Any, where: str):
-    """`cls(**raw)` with unknown keys rejected and values coerced to the defaults' types."""
+    """`cls(**raw)` with unknown keys rejected and values coerced to the defaults' types;
+    every problem of the section is collected and raised as one ConfigError."""
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where} must be a mapping of settings, got {raw!r}")
+    problems = Problems(kind=ConfigError)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown setting(s) {unknown} in {where}; allowed: "
-                          f"{', '.join(sorted(fields))}")
+        problems.add(f"unknown setting(s) {unknown} in {where}; allowed: "
+                     f"{', '.join(sorted(fields))}")
     values = {}
     for name, value in raw.items():
+        if name not in fields:
+            continue
         f = fields[name]
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        values[name] = value if (value is None or default is None) else \
-            _coerce(value, default, f"{where}.{name}")
+        try:
+            values[name] = value if (value is None or default is None) else \
+                _coerce(value, default, f"{where}.{name}")
+        except ConfigError as exc:
+            problems.add(str(exc))
+    problems.raise_if_any()
     obj = cls(**values)
-    obj.validate(where)
+    obj.validate(where, problems)
+    problems.raise_if_any()
     return obj
 
 
-def _positive(where: str, **values: float) -> None:
+def _positive(problems: Problems, where: str, **values: float) -> None:
     for name, v in values.items():
-        if not v > 0:
-            raise ConfigError(f"{where}.{name} must be > 0, got {v!r}")
+        problems.check(v > 0, f"{where}.{name} must be > 0, got {v!r}")
 
 
-def _delta(where: str, **values: float) -> None:
+def _delta(problems: Problems, where: str, **values: float) -> None:
     for name, v in values.items():
-        if not 0 < v < 1:
-            raise ConfigError(f"{where}.{name} must be in (0, 1), got {v!r}")
+        problems.check(0 < v < 1, f"{where}.{name} must be in (0, 1), got {v!r}")
 
 
-def _int_list(where: str, name: str, values: tuple, low: int) -> None:
+def _int_list(problems: Problems, where: str, name: str, values: tuple, low: int) -> None:
     if not values:
-        raise ConfigError(f"{where}.{name} must not be empty")
+        problems.add(f"{where}.{name} must not be empty")
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-            raise ConfigError(f"{where}.{name} must list integers >= {low}, got {v!r}")
+            problems.add(f"{where}.{name} must list integers >= {low}, got {v!r}")
+            return
+
+
+def _names(problems: Problems, where: str, names: tuple, inputs: str) -> None:
+    """Registry names of mechanisms releasing `inputs` ("Certified" or "Votes")."""
+    from mechanisms import MECHANISMS
+    for n in names:
+        entry = MECHANISMS.get(n)
+        if entry is None or entry.inputs.__name__ != inputs:
+            problems.add(f"{where}.mechanisms: {n!r} is not a mechanism for "
+                         f"{'one model' if inputs == 'Certified' else 'ensembles'}")
 
 
 def epsilon_grid(spec: Any, where: str) -> tuple[float, ...]:
@@ -160,6 +178,13 @@ def epsilon_grid(spec: Any, where: str) -> tuple[float, ...]:
                       f"count]}}, got {spec!r}")
 
 
+def _set_grid(settings, problems: Problems, spec: Any, where: str) -> None:
+    try:
+        object.__setattr__(settings, "epsilons", epsilon_grid(spec, where))
+    except ConfigError as exc:
+        problems.add(str(exc))
+
+
 # ------------------------------------------------------------------------------------------
 # Settings per experiment
 
@@ -178,14 +203,14 @@ class PipelineSettings:
     pretrain_learning_rate: float = 1e-3
     max_public: int | None = None
 
-    def validate(self, where: str) -> None:
+    def validate(self, where: str, problems: Problems) -> None:
         for name in ("max_train", "max_test", "max_public"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
-                raise ConfigError(f"{where}.{name} must be an integer >= 2 or null, got {v!r}")
+                problems.add(f"{where}.{name} must be an integer >= 2 or null, got {v!r}")
         if self.pretrain_epochs < 1 or self.pretrain_batch_size < 1:
-            raise ConfigError(f"{where}: pretrain_epochs and pretrain_batch_size must be >= 1")
-        _positive(where, pretrain_learning_rate=self.pretrain_learning_rate)
+            problems.add(f"{where}: pretrain_epochs and pretrain_batch_size must be >= 1")
+        _positive(problems, where, pretrain_learning_rate=self.pretrain_learning_rate)
 
 
 @dataclass(frozen=True)
@@ -205,18 +230,18 @@ class HeatmapSettings:
     delta: float = 1e-5
     max_scatter: int = 400
 
-    def validate(self, where: str) -> None:
+    def validate(self, where: str, problems: Problems) -> None:
         if self.grid_points < 2:
-            raise ConfigError(f"{where}.grid_points must be >= 2, got {self.grid_points}")
-        _positive(where, grid_limit=self.grid_limit, epsilon=self.epsilon)
-        _delta(where, delta=self.delta)
+            problems.add(f"{where}.grid_points must be >= 2, got {self.grid_points}")
+        _positive(problems, where, grid_limit=self.grid_limit, epsilon=self.epsilon)
+        _delta(problems, where, delta=self.delta)
         if self.noise not in ("cauchy", "laplace"):
-            raise ConfigError(f"{where}.noise must be cauchy or laplace, got {self.noise!r}")
+            problems.add(f"{where}.noise must be cauchy or laplace, got {self.noise!r}")
         for v in self.variants:
             if v not in ("separable", "overlapping"):
-                raise ConfigError(f"{where}.variants must list separable/overlapping, got {v!r}")
+                problems.add(f"{where}.variants must list separable/overlapping, got {v!r}")
         if not self.variants:
-            raise ConfigError(f"{where}.variants must not be empty")
+            problems.add(f"{where}.variants must not be empty")
 
 
 @dataclass(frozen=True)
@@ -230,14 +255,20 @@ class SingleSettings:
     repeats: int = 10
     delta: float = 1e-5
     tolerance: float = 0.01
+    mechanisms: tuple = ("gs", "ss-laplace", "ss-cauchy", "exp-radius", "ptr")
+    report_epsilons: tuple = (0.1, 1.0)
 
-    def validate(self, where: str) -> None:
+    def validate(self, where: str, problems: Problems) -> None:
         spec = {"logspace": [0.01, 10.0, 20]} if self.epsilons is None else self.epsilons
-        object.__setattr__(self, "epsilons", epsilon_grid(spec, f"{where}.epsilons"))
+        _set_grid(self, problems, spec, f"{where}.epsilons")
+        _names(problems, where, self.mechanisms, "Certified")
+        for e in self.report_epsilons:
+            problems.check(isinstance(e, (int, float)) and math.isfinite(e) and e > 0,
+                           f"{where}.report_epsilons must list epsilons > 0, got {e!r}")
         if self.repeats < 1:
-            raise ConfigError(f"{where}.repeats must be >= 1, got {self.repeats}")
-        _delta(where, delta=self.delta)
-        _positive(where, tolerance=self.tolerance)
+            problems.add(f"{where}.repeats must be >= 1, got {self.repeats}")
+        _delta(problems, where, delta=self.delta)
+        _positive(problems, where, tolerance=self.tolerance)
 
 
 @dataclass(frozen=True)
@@ -252,15 +283,18 @@ class EnsembleSettings:
     delta: float = 1e-5
     repeats: int = 10
     radius_rule: str = "thm5.3"
+    mechanisms: tuple = ("lnmax", "ens-ss-laplace", "ens-ss-cauchy", "ens-ptr", "ens-ptr-gs",
+                         "ens-exp-radius")
 
-    def validate(self, where: str) -> None:
-        _int_list(where, "teachers", self.teachers, 1)
-        object.__setattr__(self, "epsilons", epsilon_grid(list(self.epsilons), f"{where}.epsilons"))
-        _delta(where, delta=self.delta)
+    def validate(self, where: str, problems: Problems) -> None:
+        _int_list(problems, where, "teachers", self.teachers, 1)
+        _set_grid(self, problems, list(self.epsilons), f"{where}.epsilons")
+        _names(problems, where, self.mechanisms, "Votes")
+        _delta(problems, where, delta=self.delta)
         if self.repeats < 1:
-            raise ConfigError(f"{where}.repeats must be >= 1")
+            problems.add(f"{where}.repeats must be >= 1")
         if self.radius_rule not in ("thm5.3", "tight"):
-            raise ConfigError(f"{where}.radius_rule must be thm5.3 or tight")
+            problems.add(f"{where}.radius_rule must be thm5.3 or tight")
 
 
 def _default_dpsgd() -> dict:
@@ -284,19 +318,24 @@ class BudgetSettings:
     accountants: tuple = ("best", "tight")
     dpsgd: dict = field(default_factory=_default_dpsgd)
     dpsgd_seeds: int = 3
+    gate_cutoff: int = 5
+    gate_fallback: str = "exp-radius"
 
-    def validate(self, where: str) -> None:
-        _positive(where, epsilon_total=self.epsilon_total)
-        _delta(where, delta_total=self.delta_total)
-        _int_list(where, "queries", self.queries, 1)
+    def validate(self, where: str, problems: Problems) -> None:
+        _positive(problems, where, epsilon_total=self.epsilon_total)
+        _delta(problems, where, delta_total=self.delta_total)
+        _int_list(problems, where, "queries", self.queries, 1)
         if self.teachers < 1 or self.repeats < 1 or self.dpsgd_seeds < 1:
-            raise ConfigError(f"{where}: teachers, repeats and dpsgd_seeds must be >= 1")
+            problems.add(f"{where}: teachers, repeats and dpsgd_seeds must be >= 1")
         for a in self.accountants:
             if a not in ("standard", "advanced", "best", "tight"):
-                raise ConfigError(f"{where}.accountants: unknown accountant {a!r}")
+                problems.add(f"{where}.accountants: unknown accountant {a!r}")
+        if self.gate_cutoff < 1 or self.gate_fallback not in ("exp-radius", "refuse"):
+            problems.add(f"{where}: gate_cutoff must be >= 1 and gate_fallback exp-radius or "
+                         f"refuse")
         bad = sorted(set(self.dpsgd) & {"target_epsilon", "target_delta", "seed"})
         if bad:
-            raise ConfigError(f"{where}.dpsgd must not set {bad}: the target is the total "
+            problems.add(f"{where}.dpsgd must not set {bad}: the target is the total "
                               f"budget and seeds come from the run")
 
 
@@ -311,12 +350,12 @@ class KGridSettings:
     noise: str = "cauchy"
     delta: float = 1e-5
 
-    def validate(self, where: str) -> None:
-        _int_list(where, "sizes", self.sizes, 1)
-        object.__setattr__(self, "epsilons", epsilon_grid(list(self.epsilons), f"{where}.epsilons"))
+    def validate(self, where: str, problems: Problems) -> None:
+        _int_list(problems, where, "sizes", self.sizes, 1)
+        _set_grid(self, problems, list(self.epsilons), f"{where}.epsilons")
         if self.noise not in ("cauchy", "laplace"):
-            raise ConfigError(f"{where}.noise must be cauchy or laplace")
-        _delta(where, delta=self.delta)
+            problems.add(f"{where}.noise must be cauchy or laplace")
+        _delta(problems, where, delta=self.delta)
 
 
 @dataclass(frozen=True)
@@ -337,18 +376,19 @@ class TeacherSettings:
     student_overrides: dict = field(default_factory=dict)
     dpsgd: dict = field(default_factory=_default_dpsgd)
     dpsgd_seeds: int = 3
+    gate_cutoff: int = 5
 
-    def validate(self, where: str) -> None:
-        _positive(where, epsilon_total=self.epsilon_total)
-        _delta(where, delta_total=self.delta_total)
-        _int_list(where, "n_public", self.n_public, 1)
+    def validate(self, where: str, problems: Problems) -> None:
+        _positive(problems, where, epsilon_total=self.epsilon_total)
+        _delta(problems, where, delta_total=self.delta_total)
+        _int_list(problems, where, "n_public", self.n_public, 1)
         if self.main not in self.n_public:
-            raise ConfigError(f"{where}.main ({self.main}) must be one of n_public "
+            problems.add(f"{where}.main ({self.main}) must be one of n_public "
                               f"{list(self.n_public)}")
         if self.teachers < 1 or self.repeats < 1 or self.dpsgd_seeds < 1:
-            raise ConfigError(f"{where}: teachers, repeats and dpsgd_seeds must be >= 1")
+            problems.add(f"{where}: teachers, repeats and dpsgd_seeds must be >= 1")
         if self.accountant not in ("standard", "advanced", "best", "tight"):
-            raise ConfigError(f"{where}.accountant: unknown accountant {self.accountant!r}")
+            problems.add(f"{where}.accountant: unknown accountant {self.accountant!r}")
 
 
 SETTINGS_CLASSES = {
@@ -370,7 +410,8 @@ class Plan:
     experiments: tuple[str, ...]
     pipeline: PipelineSettings
     settings: dict[str, Any]
-    raw: dict = field(repr=False, compare=False)
+    seeds: tuple[int, ...] = (0,)
+    raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     def resolve(self, relative: str) -> Path:
         """A path of the plan (e.g. a config), relative to the plan file."""
@@ -390,7 +431,8 @@ class Plan:
             return obj
         return {"dataset": self.dataset, "plan_file": display_path(self.path),
                 "quick": self.quick, "train_config": display_path(self.train_config), "train_overrides": plain(self.train_overrides),
-                "experiments": list(self.experiments), "pipeline": plain(self.pipeline),
+                "experiments": list(self.experiments), "seeds": list(self.seeds),
+                "pipeline": plain(self.pipeline),
                 "settings": {k: plain(v) for k, v in self.settings.items()}}
 
 
@@ -407,7 +449,7 @@ def _merge(base: Mapping, over: Mapping, where: str) -> dict:
 
 
 _TOP_KEYS = {"dataset", "train_config", "train_overrides", "experiments", "pipeline",
-             "settings", "quick"}
+             "settings", "quick", "seeds"}
 
 
 def load_plan(path: str | Path, quick: bool = False, dataset: str | None = None) -> Plan:
@@ -434,10 +476,11 @@ def load_plan(path: str | Path, quick: bool = False, dataset: str | None = None)
     quick_raw = raw.get("quick") or {}
     if not isinstance(quick_raw, Mapping):
         raise ConfigError(f"{path}: quick must be a mapping of overrides")
-    bad = sorted(set(quick_raw) - {"pipeline", "train_overrides", "settings", "experiments"})
+    bad = sorted(set(quick_raw) - {"pipeline", "train_overrides", "settings", "experiments",
+                                   "seeds"})
     if bad:
-        raise ConfigError(f"{path}: quick may override pipeline, train_overrides, settings and "
-                          f"experiments only, got {bad}")
+        raise ConfigError(f"{path}: quick may override pipeline, train_overrides, settings, "
+                          f"experiments and seeds only, got {bad}")
     merged = dict(raw)
     if quick:
         for key in ("pipeline", "train_overrides"):
@@ -446,8 +489,9 @@ def load_plan(path: str | Path, quick: bool = False, dataset: str | None = None)
         for exp, over in (quick_raw.get("settings") or {}).items():
             settings[exp] = _merge(settings.get(exp) or {}, over or {}, f"quick.settings.{exp}")
         merged["settings"] = settings
-        if "experiments" in quick_raw:
-            merged["experiments"] = quick_raw["experiments"]
+        for key in ("experiments", "seeds"):
+            if key in quick_raw:
+                merged[key] = quick_raw[key]
     experiments = tuple(merged.get("experiments") or ())
     for e in experiments:
         if e not in EXPERIMENT_NAMES:
@@ -465,8 +509,17 @@ def load_plan(path: str | Path, quick: bool = False, dataset: str | None = None)
     overrides = merged.get("train_overrides") or {}
     if not isinstance(overrides, Mapping):
         raise ConfigError(f"{path}: train_overrides must be a mapping of training-config keys")
+    seeds = merged.get("seeds")
+    if seeds is not None:
+        problems = Problems(kind=ConfigError)
+        if not isinstance(seeds, list) or not seeds or len(set(map(str, seeds))) != len(seeds):
+            problems.add(f"{path}: seeds must be a non-empty list of distinct integers")
+        else:
+            _int_list(problems, str(path), "seeds", tuple(seeds), 0)
+        problems.raise_if_any()
     plan = Plan(dataset=name, path=path, quick=quick, train_config=Path("."),
                 train_overrides=dict(overrides), experiments=experiments,
                 pipeline=build_settings(PipelineSettings, merged.get("pipeline"), "pipeline"),
-                settings=settings, raw=merged)
+                settings=settings, seeds=tuple(int(v) for v in seeds) if seeds else (),
+                raw=merged)
     return dataclasses.replace(plan, train_config=plan.resolve(str(raw["train_config"])))

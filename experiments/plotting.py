@@ -20,11 +20,22 @@ STYLE = {
     "ens-ss-laplace": {"color": "tab:blue", "label": "SS ensemble (Laplace)"},
     "ens-ptr": {"color": "tab:orange", "label": "PTR (no answer counts as wrong)"},
     "ens-ptr-gs": {"color": "tab:purple", "label": "PTR, GS fallback (paper)"},
+    "exp-radius": {"color": "tab:brown", "label": "exponential mechanism on the radius"},
+    "ptr": {"color": "tab:orange", "linestyle": ":", "label": "PTR on the radius (no answer = wrong)"},
+    "svt": {"color": "tab:cyan", "label": "stability-gated session (sparse vector)"},
+    "ens-exp-radius": {"color": "tab:brown", "label": "exponential mechanism on the ensemble radius"},
+    "ens-svt": {"color": "tab:cyan", "label": "stability-gated session on the ensemble radius"},
     "dp-sgd": {"color": "black", "linestyle": "-.", "label": "DP-SGD (private training)"},
 }
 
 ENSEMBLE_LABELS = {name: STYLE[name]["label"] for name in
-                   ("lnmax", "ens-ss-cauchy", "ens-ss-laplace", "ens-ptr", "ens-ptr-gs")}
+                   ("lnmax", "ens-ss-cauchy", "ens-ss-laplace", "ens-ptr", "ens-ptr-gs",
+                    "ens-exp-radius", "ens-svt")}
+
+
+def label(name: str) -> str:
+    """The legend / table label of a mechanism or curve name."""
+    return STYLE[name]["label"] if name in STYLE else name
 
 
 def style(key: str, **changes) -> dict:
@@ -41,4 +52,4 @@ def save(fig, path: Path) -> Path:
     return path
 
 
-__all__ = ["plt", "STYLE", "ENSEMBLE_LABELS", "style", "save"]
+__all__ = ["plt", "STYLE", "ENSEMBLE_LABELS", "style", "save", "label"]

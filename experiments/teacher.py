@@ -33,10 +33,14 @@ from experiments.single import single_mechanism
 from experiments.plotting import plt, save, style
 
 NAME = "teacher"
-ROWS = ("single-gs", "single-ss", "sa-gs", "sa-ss")
+ROWS = ("single-gs", "single-ss", "single-exp", "single-svt", "sa-gs", "sa-ss", "sa-exp",
+        "sa-svt")
 ROW_LABELS = {"single-gs": "Single model, GS", "single-ss": "Single model, SS",
+              "single-exp": "Single model, exp. mechanism on the radius",
+              "single-svt": "Single model, gated session",
               "sa-gs": "Subsample & agg., GS", "sa-ss": "Subsample & agg., SS",
-              "dp-sgd": "DP-SGD"}
+              "sa-exp": "Subsample & agg., exp. mechanism on the radius",
+              "sa-svt": "Subsample & agg., gated session", "dp-sgd": "DP-SGD"}
 # The paper's teacher table (section 6), student accuracy in %. Its Blobs DP-SGD entry reads
 # "1.0": the paper's Fig. 5 script draws DP-SGD on Blobs at accuracy 1 (a fraction), so it
 # is 100 % printed as a fraction.
@@ -58,8 +62,9 @@ def run(ctx: Context) -> Outcome:
                           f"than {n_max} records (the rest evaluates the student); it has "
                           f"{ds.n_test}")
     x_eval, y_eval = ds.x_test[n_max:], ds.y_test[n_max:]
-    single = ctx.single()
-    em = ctx.ensemble(s.teachers)
+    singles = ctx.singles()
+    ensembles = ctx.ensembles(s.teachers)
+    single, em = singles[0], ensembles[0]
     student_cfg = ctx.config.replace(k_values=[0], **s.student_overrides)
     runs = ctx.dpsgd(s.epsilon_total, s.delta_total, s.dpsgd, s.dpsgd_seeds)
     dp_acc = [evaluate(r, None, x_eval, y_eval) for r in runs]
@@ -67,24 +72,39 @@ def run(ctx: Context) -> Outcome:
     for q in ctx.bar(sorted(s.n_public), "teacher: public set sizes"):
         eps = per_query_epsilon(s.epsilon_total, s.delta_total, q, 0.0, s.accountant)
         x_pub, y_pub = ds.x_test[:q], ds.y_test[:q]
-        single_inputs, votes = single.inputs.subset(slice(0, q)), em.inputs.subset(slice(0, q))
-        releases = {"single-gs": (single_mechanism("gs", eps, None), single_inputs),
-                    "single-ss": (single_mechanism("ss-cauchy", eps, None), single_inputs),
-                    "sa-gs": (ensemble_mechanism("lnmax", eps, None), votes),
-                    "sa-ss": (ensemble_mechanism("ens-ss-cauchy", eps, None), votes)}
+        sub = slice(0, q)
+        mechanisms = {
+            "single-gs": single_mechanism("gs", eps, None),
+            "single-ss": single_mechanism("ss-cauchy", eps, None),
+            "single-exp": single_mechanism("exp-radius", eps, None),
+            "single-svt": single_mechanism("svt", s.epsilon_total, s.delta_total,
+                                           cutoff=s.gate_cutoff),
+            "sa-gs": ensemble_mechanism("lnmax", eps, None),
+            "sa-ss": ensemble_mechanism("ens-ss-cauchy", eps, None),
+            "sa-exp": ensemble_mechanism("ens-exp-radius", eps, None),
+            "sa-svt": ensemble_mechanism("ens-svt", s.epsilon_total, s.delta_total,
+                                         cutoff=s.gate_cutoff)}
         rows = {}
         for name in ctx.bar(ROWS, f"teacher: students (Q={q})"):
-            mechanism, inputs = releases[name]
+            mechanism = mechanisms[name]
+            models = singles if name.startswith("single") else ensembles
+            inputs = [m.inputs.subset(sub) for m in models]
             label_acc, student_acc = [], []
-            for rng in ctx.rngs(NAME, q, name, repeats=s.repeats):
-                labels = simulate(mechanism, inputs, rng)
+            # repeat j releases from the model of training seed j mod (number of seeds): the
+            # spread covers both the training seed and the noise
+            for j, rng in enumerate(ctx.rngs(NAME, q, name, repeats=s.repeats)):
+                labels = simulate(mechanism, inputs[j % len(inputs)], rng)
                 label_acc.append(float(np.mean(labels == y_pub)))
-                acc, _ = train_student(student_cfg, x_pub, labels, x_eval, y_eval)
+                if (labels >= 0).any():
+                    acc, _ = train_student(student_cfg, x_pub, labels, x_eval, y_eval)
+                else:
+                    acc = float("nan")
                 student_acc.append(float(acc))
-            rows[name] = {"label_accuracy_expected": expected_accuracy(mechanism, inputs, y_pub),
+            expected = mean_std([expected_accuracy(mechanism, i, y_pub) for i in inputs])[0]
+            rows[name] = {"label_accuracy_expected": expected,
                           "label_accuracy": label_acc, "student_accuracy": student_acc,
-                          "student_accuracy_mean": mean_std(student_acc)[0],
-                          "student_accuracy_std": mean_std(student_acc)[1]}
+                          "student_accuracy_mean": _nanmean_std(student_acc)[0],
+                          "student_accuracy_std": _nanmean_std(student_acc)[1]}
         clean, _ = train_student(student_cfg, x_pub, y_pub, x_eval, y_eval)
         per_q.append({"n_public": q, "epsilon_per_query": eps, "rows": rows,
                       "student_on_true_labels": float(clean)})
@@ -100,9 +120,13 @@ def run(ctx: Context) -> Outcome:
             "ensemble": float(np.mean(em.answer[n_max:] == y_eval))},
         "student_config_overrides": dict(s.student_overrides),
         "paper_percent": PAPER.get(ctx.plan.dataset),
-        "notes": "SS rows use Cauchy noise (eps-DP), as the paper's Fig. 5; the paper's Blobs "
-                 "DP-SGD entry '1.0' is 100 % written as a fraction; every row under "
-                 "replace-one (DP-SGD trained to the add-remove target that converts to it)",
+        "notes": "SS rows use Cauchy noise (eps-DP), as the paper's Fig. 5; exp rows the "
+                 "exponential mechanism on the radius at the same per-query epsilon; svt rows "
+                 "one stability-gated session of the whole budget over the Q public queries; "
+                 "the paper's Blobs DP-SGD entry '1.0' is 100 % written as a fraction; every "
+                 "row under replace-one (DP-SGD trained to the add-remove target that converts "
+                 "to it); repeat j uses the model of training seed j mod (number of seeds)",
+        "training_seeds": list(ctx.seeds),
     }
     main = next(p for p in per_q if p["n_public"] == s.main)
     files = [_plot(ctx, s, main, dp_acc)]
@@ -127,8 +151,11 @@ def run(ctx: Context) -> Outcome:
                     f"Total budget ({s.epsilon_total:g}, {s.delta_total:g}) for Q public labels, "
                     f"per-query epsilon by the {s.accountant} accountant; T = {s.teachers}; "
                     f"students evaluated on {len(y_eval)} held-out test records; mean ± std "
-                    f"over {s.repeats} label draws (DP-SGD: {len(dp_acc)} run(s)). SS = Cauchy. "
-                    f"Every row under replace-one. "
+                    f"over {s.repeats} label draws (draw j from the model of training seed "
+                    f"{list(ctx.seeds)}[j mod {len(ctx.seeds)}]; DP-SGD: {len(dp_acc)} run(s)). "
+                    f"SS = Cauchy; exp = exponential mechanism on the radius at the same "
+                    f"per-query epsilon; gated session = one sparse-vector session of the whole "
+                    f"budget (cutoff {s.gate_cutoff}). Every row under replace-one. "
                     f"The paper's Blobs DP-SGD '1.0' is 100 % printed as a fraction.\n\n"
                     + markdown_table(header, rows))
     ctx.write_results(NAME, {"results": results, "seconds": time.perf_counter() - t0})
@@ -136,9 +163,16 @@ def run(ctx: Context) -> Outcome:
                 + ", ".join(f"{n} {100 * main['rows'][n]['student_accuracy_mean']:.1f}"
                             for n in ROWS)
                 + f", DP-SGD {100 * mean_std(dp_acc)[0]:.1f} %"
-                + (" (paper " + "/".join(str(paper[k]) for k in (*ROWS, "dp-sgd")) + ")"
-                   if paper else ""))
+                + (" (paper " + "/".join(str(paper[k]) for k in paper) + ")" if paper else ""))
     return Outcome(NAME, headline, time.perf_counter() - t0, [str(p) for p in files])
+
+
+def _nanmean_std(values) -> tuple[float, float]:
+    """Mean and std over the draws that trained a student (a draw that answered nothing
+    trains none)."""
+    a = np.asarray(values, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    return (float(a.mean()), float(a.std())) if a.size else (float("nan"), float("nan"))
 
 
 def _plot(ctx: Context, s, main, dp_acc):
@@ -146,9 +180,9 @@ def _plot(ctx: Context, s, main, dp_acc):
     means = [main["rows"][n]["student_accuracy_mean"] for n in ROWS] + [float(np.mean(dp_acc))]
     stds = [main["rows"][n]["student_accuracy_std"] for n in ROWS] + [float(np.std(dp_acc))]
     labels = [main["rows"][n]["label_accuracy_expected"] for n in ROWS] + [np.nan]
-    colors = [style("gs")["color"], style("ss-cauchy")["color"], style("gs")["color"],
-              style("ss-cauchy")["color"], "0.2"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    kinds = {"gs": "gs", "ss": "ss-cauchy", "exp": "exp-radius", "svt": "svt"}
+    colors = [style(kinds[n.split("-")[1]])["color"] for n in ROWS] + ["0.2"]
+    fig, ax = plt.subplots(figsize=(9.5, 4.6))
     xs = np.arange(len(names))
     ax.bar(xs, means, yerr=stds, color=colors, alpha=0.8, capsize=4,
            label="student accuracy (mean ± std)")
@@ -156,11 +190,12 @@ def _plot(ctx: Context, s, main, dp_acc):
             label="expected label accuracy on the public set")
     paper = PAPER.get(ctx.plan.dataset)
     if paper:
-        vals = [paper[n] / 100.0 if n != "dp-sgd" or ctx.plan.dataset != "blobs" else paper[n]
-                for n in names]
+        vals = [np.nan if n not in paper else paper[n] / 100.0
+                if n != "dp-sgd" or ctx.plan.dataset != "blobs" else paper[n] for n in names]
         ax.plot(xs, vals, linestyle="none", marker="x", color="black", markersize=8,
                 label="paper (student accuracy)")
-    ax.set_xticks(xs, [ROW_LABELS[n] for n in names], rotation=15, fontsize=8)
+    ax.set_xticks(xs, [ROW_LABELS[n].replace(", ", ",\n") for n in names], rotation=20,
+                  fontsize=7)
     ax.set_ylabel("accuracy on held-out records (fraction)")
     ax.set_ylim(0, 1.05)
     ax.set_title(f"{ctx.plan.dataset}: students of private teachers, Q = {main['n_public']} "

@@ -7,19 +7,22 @@ predictions into released labels is `Ledger.release(mechanism, inputs)`:
   inputs.py       Certified / Votes / Source: the owner-only inputs that cross the door
   base.py         the Mechanism interface and the registry (one name per mechanism)
   global_sens.py  gs: global-sensitivity Laplace threshold (binary)
-  smooth.py       ss-laplace, ss-cauchy: smooth sensitivity on the AGT radius (binary)
-  ensemble.py     lnmax, ens-ss-*, ens-ptr, ens-ptr-votes, ens-ptr-gs: vote aggregation
+  smooth.py       ss-laplace, ss-cauchy (binary), ss-argmax (C classes): smooth sensitivity
+  votes.py        vote arithmetic: counts, the answer, flips, ensemble radii (no noise)
+  ensemble.py     lnmax, ens-ss-*, ens-ptr*, ens-ptr-gs, df-exp*: releases over votes
+  radius.py       exp-radius, ptr, svt (and ens-*): spend the radius, any number of classes
+  convex.py       model-sens, pred-sens (+ Gaussian): linear models with a sensitivity bound
   guarantee.py    Guarantee (eps, delta, relation) and relation conversion
   accounting.py   composition (standard, advanced, tight PLD), its inverse, query plans
   ledger.py       the ledger bound to one dataset and one relation: check, record, draw
-  noise.py        secure generators and the closed forms of threshold releases
+  noise.py        secure generators, closed forms of threshold and PTR releases
 
 Every epsilon is with respect to a neighbouring relation; a ledger composes only guarantees
 under its own relation (converting add-remove ones to replace-one by group privacy).
 """
 
 from mechanisms.base import MECHANISMS, REFUSED, Mechanism, make_mechanism, mechanism_names
-from mechanisms import global_sens, smooth, ensemble  # noqa: F401  (register the mechanisms)
+from mechanisms import global_sens, smooth, ensemble, radius, convex  # noqa: F401  (registers)
 from mechanisms.guarantee import ADD_REMOVE, RELATIONS, REPLACE_ONE, Guarantee
 from mechanisms.inputs import Certified, Source, Votes
 from mechanisms.ledger import Ledger, LedgerEntry, Release, default_ledger_path, hash_query

@@ -361,13 +361,14 @@ def per_query_epsilon(epsilon_total: float, delta_total: float, q: int,
 
 def plan_queries(epsilon_total: float, delta_total: float, q: int, needs_delta: bool,
                  accountant: str = "best", per_query_delta: float | None = None,
-                 spent: Sequence[SpendGroup] = ()) -> tuple[float, float]:
+                 spent: Sequence[SpendGroup] = (), session: bool = False) -> tuple[float, float]:
     """(per-query eps, per-query delta) for Q releases within a total budget.
 
     needs_delta: the mechanism is (eps, delta)-DP with delta > 0; its per-query delta is
     `per_query_delta`, by default delta_total / (2 Q) (the rest is composition slack).
     Pure eps-DP mechanisms get delta 0. `spent` (standard accountant only): groups already
-    recorded, whose epsilon and delta come off the total first.
+    recorded, whose epsilon and delta come off the total first. `session`: the mechanism's
+    guarantee covers all Q queries at once (one spend), which gets everything left.
     """
     problems = privacy_problems()
     check_epsilon(epsilon_total, problems, name="epsilon_total")
@@ -387,6 +388,10 @@ def plan_queries(epsilon_total: float, delta_total: float, q: int, needs_delta: 
         delta_left = max(0.0, _float_down(Fraction(delta_total) - Fraction(used.delta)))
         if eps_left <= 0:
             raise PrivacyError("the ledger's epsilon budget is spent; nothing was released")
+    if session:
+        q = 1
+        if per_query_delta is None and needs_delta:
+            per_query_delta = delta_left
     if needs_delta:
         if delta_left <= 0:
             raise PrivacyError("this mechanism is (eps, delta)-DP per query and needs a delta "
@@ -400,4 +405,6 @@ def plan_queries(epsilon_total: float, delta_total: float, q: int, needs_delta: 
             raise PrivacyError("this mechanism is pure eps-DP per query and takes no "
                                "per-query delta")
         pqd = 0.0
+    if q == 1:
+        return eps_left, pqd
     return per_query_epsilon(eps_left, delta_left, q, pqd, accountant), pqd

@@ -33,8 +33,8 @@ from agt.errors import ConfigError, DataError, PrivacyError, Problems
 
 from mechanisms.guarantee import RELATIONS, Guarantee, check_relation
 from mechanisms.inputs import Certified, Votes
+from mechanisms.noise import REFUSED
 
-REFUSED = -1          # the released label of "no answer"
 
 __all__ = ["Mechanism", "REFUSED", "MECHANISMS", "Entry", "register", "make_mechanism",
            "mechanism_names"]
@@ -51,6 +51,9 @@ class Mechanism(ABC):
     max_classes: ClassVar[int | None] = None
     #: the guarantee needs no certificate and holds under every relation
     relation_free: ClassVar[bool] = False
+    #: the guarantee is per query (one ledger entry each); False: for the whole release
+    #: (a session), recorded as one entry
+    per_query: ClassVar[bool] = True
 
     @property
     @abstractmethod
@@ -77,8 +80,8 @@ class Mechanism(ABC):
     def check(self, inputs) -> None:
         """Refuse inputs this mechanism cannot release, with one typed error."""
         if not isinstance(inputs, self.input_type):
-            kind = "a single model's Certified" if self.input_type is Certified else \
-                "an ensemble's Votes"
+            kind = {Certified: "a single model's Certified", Votes: "an ensemble's Votes"}.get(
+                self.input_type, self.input_type.__name__)
             raise DataError(f"{self.name} releases {kind} inputs, got "
                             f"{type(inputs).__name__}")
         problems = Problems(self.name, PrivacyError)

@@ -12,7 +12,7 @@ from numpy.typing import ArrayLike, NDArray
 from agt.errors import DataError, PrivacyError, Problems
 
 __all__ = ["privacy_problems", "is_real", "check_epsilon", "check_delta", "check_count",
-           "class_array", "radius_array"]
+           "class_array", "radius_array", "check_params"]
 
 
 def privacy_problems(where: str = "") -> Problems:
@@ -90,3 +90,15 @@ def radius_array(radii: ArrayLike, problems: Problems, name: str = "radii",
                      f"(e.g. {arr.min()!r})", DataError)
         return None
     return arr.astype(np.int64)
+
+
+def check_params(name: str, epsilon, delta, needs_delta: bool) -> None:
+    """A mechanism's (epsilon, delta): epsilon > 0; delta in (0, 1) where it takes one, none
+    (None or 0) where it is pure eps-DP. One PrivacyError names every problem."""
+    problems = privacy_problems(name)
+    check_epsilon(epsilon, problems)
+    if needs_delta:
+        check_delta(delta, problems)
+    elif delta not in (None, 0, 0.0):
+        problems.add(f"{name} is pure eps-DP and takes no delta, got {delta!r}")
+    problems.raise_if_any()

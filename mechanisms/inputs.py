@@ -95,7 +95,7 @@ class Certified:
             if radius is not None and pred is not None and radius.shape != pred.shape:
                 problems.add(f"predictions and radii must have the same shape, got "
                              f"{pred.shape} and {radius.shape}")
-        _check_ids(self.query_ids, None if pred is None else len(pred), problems)
+        check_query_ids(self.query_ids, None if pred is None else len(pred), problems)
         problems.check(isinstance(self.source, Source), "source must be a mechanisms.Source")
         problems.raise_if_any()
         object.__setattr__(self, "prediction", pred)
@@ -146,7 +146,7 @@ class Votes:
             if radii is not None and votes is not None and radii.shape != votes.shape:
                 problems.add(f"teacher radii must have the shape of the votes {votes.shape}, "
                              f"got {radii.shape}")
-        _check_ids(self.query_ids, None if votes is None else len(votes), problems)
+        check_query_ids(self.query_ids, None if votes is None else len(votes), problems)
         problems.check(isinstance(self.source, Source), "source must be a mechanisms.Source")
         problems.raise_if_any()
         object.__setattr__(self, "votes", votes)
@@ -176,7 +176,7 @@ class Votes:
                      self.n_classes, self.source, ids)
 
 
-def _check_ids(ids, n: int | None, problems: Problems) -> None:
+def check_query_ids(ids, n: int | None, problems: Problems) -> None:
     if ids is None:
         return
     if not isinstance(ids, tuple) or not all(isinstance(i, str) for i in ids):

@@ -134,7 +134,8 @@ def default_ledger_path(dataset_sha256: str) -> Path:
 @dataclass(frozen=True)
 class Release:
     """What leaves the door: the released labels (REFUSED = -1 where the mechanism gave no
-    answer) and the per-query guarantee they come with, under the ledger's relation."""
+    answer) and the guarantee they come with, under the ledger's relation: per query, or for
+    the whole release when `per_query` is False (a session)."""
 
     labels: NDArray[np.int64]
     guarantee: Guarantee
@@ -142,6 +143,7 @@ class Release:
     charged_epsilon: float
     charged_delta: float
     seeded: bool
+    per_query: bool = True
 
     @property
     def n_queries(self) -> int:
@@ -368,11 +370,17 @@ class Ledger:
         if seeded:
             note += (f"; INSECURE seeded noise (seed {insecure_seed})" if insecure_seed is not None
                      else "; INSECURE seeded noise (experiment generator)")
-        charges = [_Charge(eps_c, delta_c, mechanism.name, inputs.source.source_id, ids[i],
-                           seeded, note) for i in range(n)]
+        if mechanism.per_query:
+            charges = [_Charge(eps_c, delta_c, mechanism.name, inputs.source.source_id, ids[i],
+                               seeded, note) for i in range(n)]
+        else:   # one guarantee for the whole session: one entry, the hash of its queries
+            session = hashlib.sha256("|".join(ids).encode()).hexdigest()
+            charges = [_Charge(eps_c, delta_c, mechanism.name, inputs.source.source_id,
+                               session, seeded, f"{note}; session of {n} queries")]
         self._commit(charges, inputs.source.dataset_sha256)
         labels = mechanism.release(inputs, rng)
-        return Release(labels, guarantee, mechanism.name, eps_c, delta_c, seeded)
+        return Release(labels, guarantee, mechanism.name, eps_c, delta_c, seeded,
+                       mechanism.per_query)
 
     def _commit(self, charges: Sequence[_Charge], dataset_sha256: str) -> None:
         """Check the budget and record `charges` in one transaction (no draw here)."""

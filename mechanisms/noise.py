@@ -21,6 +21,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from mechanisms.checks import check_delta, check_epsilon, privacy_problems
+
 NoiseKind = Literal["laplace", "cauchy"]
 NOISE_KINDS: tuple[str, ...] = ("laplace", "cauchy")
 
@@ -77,3 +79,35 @@ def correct_from_flip(released_from: NDArray[np.int64], y: NDArray[np.int64],
     """P(release == y) for a binary release that flips `released_from` w.p. `flip`."""
     flip = np.broadcast_to(np.asarray(flip, dtype=np.float64), released_from.shape)
     return np.where(released_from == y, 1.0 - flip, np.where((y == 0) | (y == 1), flip, 0.0))
+
+
+# -- propose-test-release (ens-ptr, ptr) ----------------------------------------------------
+
+REFUSED = -1          # the released label of "no answer"
+
+
+def ptr_threshold(epsilon: float, delta: float) -> float:
+    """T = ln(1/delta) / eps: the noisy distance must exceed it for an answer."""
+    problems = privacy_problems()
+    check_epsilon(epsilon, problems)
+    check_delta(delta, problems)
+    problems.raise_if_any()
+    return math.log(1.0 / delta) / epsilon
+
+
+def ptr_release_probability(distance: ArrayLike, epsilon: float, delta: float
+                            ) -> NDArray[np.float64]:
+    """Analytical P(the PTR test passes) for stability distance(s) s:
+    1 - exp(-eps (s - T)) / 2 for s > T, exp(-eps (T - s)) / 2 otherwise."""
+    threshold = ptr_threshold(epsilon, delta)
+    s = np.asarray(distance, dtype=np.float64)
+    gap = epsilon * (s - threshold)
+    return np.where(gap > 0, 1.0 - 0.5 * np.exp(-np.abs(gap)), 0.5 * np.exp(-np.abs(gap)))
+
+
+def ptr_draw(answer: NDArray[np.int64], distance: NDArray[np.int64], epsilon: float,
+             delta: float, rng: np.random.Generator) -> NDArray[np.int64]:
+    """answer where distance + Laplace(1/eps) > ln(1/delta)/eps, else REFUSED."""
+    noisy = distance.astype(np.float64) + rng.laplace(0.0, 1.0 / epsilon, size=distance.shape)
+    passed = noisy > math.log(1.0 / delta) / epsilon
+    return np.where(passed, answer, REFUSED).astype(np.int64)

@@ -16,6 +16,8 @@ The guarantee holds under the relations the radii are certified under. With r <=
 the noise is at least the global-sensitivity noise (global_sens.py).
 Flip probabilities: P(label != f) = 0.5 exp(-1 / (2 s)) (Laplace, scale s) and
 1/2 - arctan(1 / (2 s)) / pi (Cauchy, scale s).
+
+ss-argmax (below): the same release for any number of classes, equal to ss-cauchy for C = 2.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.base import Mechanism, register
-from mechanisms.checks import check_delta, check_epsilon, privacy_problems, radius_array
+from mechanisms.checks import (check_delta, check_epsilon, check_params, privacy_problems,
+                               radius_array)
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified
 from mechanisms.noise import NOISE_KINDS, NoiseKind, correct_from_flip, flip_probability, \
@@ -142,3 +145,108 @@ register("ss-laplace", inputs=Certified, needs_delta=True,
 register("ss-cauchy", inputs=Certified, needs_delta=False,
          summary="smooth sensitivity, Cauchy(6S/eps), eps-DP; binary")(
     partial(SmoothSensitivity, noise="cauchy"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Smooth-sensitivity noisy argmax for C classes
+
+_GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(200)
+
+
+@dataclass(frozen=True)
+class SmoothArgmax(Mechanism):
+    """ss-argmax: the smooth-sensitivity release of the certified class for any number of
+    classes, with Cauchy noise; for C = 2 it is exactly ss-cauchy (mechanisms/smooth.py).
+
+    Construction. Encode the class c by f in R^(C-1), f_j = 1[c = j] for j = 1..C-1 (class 0
+    is the all-zero vector) and release y = argmax(1/2 (class 0), f_j + s Z_j (class j)) with
+    Z_j i.i.d. standard Cauchy. For C = 2 this is 1[f_1 + s Z_1 > 1/2], the binary release.
+    The L1 local sensitivity of f is 0 where the radius r >= 1 (every neighbour has the same
+    class) and at most L (1 for C = 2, 2 otherwise) where r <= 0, so S = L exp(-beta max(r,
+    0)) is a beta-smooth upper bound on it (r has sensitivity 1). With s = S / alpha,
+    alpha = eps / 6 and beta = eps / (6 (C - 1)), the release is eps-DP. Proof (pointwise
+    density ratio of the noisy vector, as in Nissim-Raskhodnikova-Smith): the standard Cauchy
+    log-density ln h(z) = -ln(1 + z^2) - ln(pi) is 1-Lipschitz (|2z / (1 + z^2)| <= 1), so
+    shifting the noise by (f - f') / s costs at most ||f - f'||_1 / s <= LS / s <= S / s =
+    alpha; and rescaling a coordinate by e^lambda costs |lambda + ln((1 + e^(-2 lambda) z^2) /
+    (1 + z^2))| <= |lambda| including the Jacobian, with |lambda| = |ln(S' / S)| <= beta per
+    coordinate: in all alpha + (C - 1) beta = eps / 3 <= eps. These are the constants of the
+    binary release (6 S / eps, beta = eps / 6), kept so that C = 2 reduces to it; the
+    exponential mechanism on the radius (exp-radius) spends the same radius far better.
+
+    P(release = y) is exact up to 200-point Gauss-Legendre quadrature after the substitution
+    z = tan(theta), which maps the Cauchy density to the uniform one on (-pi/2, pi/2).
+    """
+
+    epsilon: float
+    delta: float | None = None
+
+    input_type = Certified
+    uses_radii = True
+
+    def __post_init__(self) -> None:
+        check_params(self.name, self.epsilon, self.delta, False)
+
+    @property
+    def name(self) -> str:
+        return "ss-argmax"
+
+    def beta(self, n_classes: int) -> float:
+        return self.epsilon / (6.0 * (n_classes - 1))
+
+    def scale(self, radius: NDArray[np.int64], n_classes: int) -> NDArray[np.float64]:
+        local = 1.0 if n_classes == 2 else 2.0
+        s = local * np.exp(-self.beta(n_classes) * np.maximum(radius, 0).astype(np.float64))
+        return 6.0 * s / self.epsilon
+
+    def guarantee(self, relation: str) -> Guarantee:
+        return Guarantee(float(self.epsilon), 0.0, relation, self.name,
+                         f"smooth-sensitivity noisy argmax over the class encoding, Cauchy "
+                         f"noise of scale 6 S / eps, S = L exp(-beta r), beta = eps / (6 (C-1)), "
+                         f"L = 1 (C = 2) or 2; eps={self.epsilon!r} per query")
+
+    def _draw(self, inputs: Certified, rng):
+        c, q = inputs.n_classes, inputs.n_queries
+        s = self.scale(inputs.radius, c)
+        f = np.zeros((q, c - 1))
+        has = inputs.prediction >= 1
+        f[np.flatnonzero(has), inputs.prediction[has] - 1] = 1.0
+        z = rng.standard_cauchy(size=(q, c - 1))
+        scores = np.concatenate([np.full((q, 1), 0.5), f + np.where(s[:, None] > 0, s[:, None] * z, 0.0)], axis=1)
+        return scores.argmax(axis=1)
+
+    def probabilities(self, inputs: Certified) -> NDArray[np.float64]:
+        """(Q, C) exact release probabilities (module quadrature)."""
+        c, q = inputs.n_classes, inputs.n_queries
+        s = np.maximum(self.scale(inputs.radius, c), 1e-300)
+        pred = inputs.prediction
+        out = np.zeros((q, c))
+
+        def cdf(x):
+            return 0.5 + np.arctan(x) / math.pi
+
+        # class 0: every coordinate below 1/2
+        lead = np.where(pred >= 1, cdf(-0.5 / s), 1.0)      # the coordinate of c (if c >= 1)
+        out[:, 0] = lead * cdf(0.5 / s) ** np.where(pred >= 1, c - 2, c - 1)
+        for k in range(1, c):
+            fk = (pred == k).astype(np.float64)
+            # z_k = tan(theta) above the point where f_k + s z_k = 1/2
+            t0 = np.arctan((0.5 - fk) / s)
+            theta = t0[:, None] + (math.pi / 2 - t0[:, None]) * (_GL_NODES[None, :] + 1) / 2
+            value = fk[:, None] + s[:, None] * np.tan(theta)            # the class-k score
+            others_zero = np.where(pred >= 1, np.where(pred == k, c - 2, c - 3), c - 2)
+            prob = cdf(value / s[:, None]) ** others_zero[:, None]
+            other_c = (pred >= 1) & (pred != k)
+            prob = prob * np.where(other_c[:, None], cdf((value - 1.0) / s[:, None]), 1.0)
+            out[:, k] = (prob * _GL_WEIGHTS[None, :]).sum(axis=1) * (math.pi / 2 - t0) / 2 / math.pi
+        return np.clip(out, 0.0, 1.0)
+
+    def _correct(self, inputs: Certified, y):
+        p = self.probabilities(inputs)
+        valid = (y >= 0) & (y < inputs.n_classes)
+        return np.where(valid, p[np.arange(len(y)), np.clip(y, 0, inputs.n_classes - 1)], 0.0)
+
+
+register("ss-argmax", inputs=Certified, needs_delta=False,
+         summary="smooth-sensitivity noisy argmax (Cauchy) for any number of classes, eps-DP; "
+                 "ss-cauchy for C = 2")(SmoothArgmax)

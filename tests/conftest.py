@@ -11,6 +11,18 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def private_ledger_dir(tmp_path_factory):
+    """Default ledgers (~/.agt/ledgers) go to a temporary folder during the tests."""
+    previous = os.environ.get("AGT_LEDGER_DIR")
+    os.environ["AGT_LEDGER_DIR"] = str(tmp_path_factory.mktemp("ledgers"))
+    yield
+    if previous is None:
+        os.environ.pop("AGT_LEDGER_DIR", None)
+    else:
+        os.environ["AGT_LEDGER_DIR"] = previous
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors: intra-op threads only add contention (and make timings erratic)."""

@@ -73,7 +73,7 @@ from tqdm.auto import tqdm
 
 from agt.config import LOSSES, TrainConfig
 from agt.data import Dataset, validate_dataset
-from agt.errors import ConfigError, DataError, PrivacyError
+from agt.errors import ConfigError, DataError, PrivacyError, Problems
 from agt.models import ModelSpec, init_params
 from agt.tensors import predicted_classes, resolve_device
 
@@ -136,34 +136,28 @@ class DPSGDConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        privacy: list[str] = []
-        other: list[str] = []
+        problems = Problems("invalid DPSGDConfig", ConfigError)
         eps, delta = self.target_epsilon, self.target_delta
-        if not _is_real(eps) or not math.isfinite(eps) or eps <= 0:
-            privacy.append(f"target_epsilon must be a finite number > 0, got {eps!r}")
-        if not _is_real(delta) or not math.isfinite(delta) or not 0 < delta < 1:
-            privacy.append(f"target_delta must be a number in (0, 1), got {delta!r}")
+        problems.check(_is_real(eps) and math.isfinite(eps) and eps > 0,
+                       f"target_epsilon must be a finite number > 0, got {eps!r}", PrivacyError)
+        problems.check(_is_real(delta) and math.isfinite(delta) and 0 < delta < 1,
+                       f"target_delta must be a number in (0, 1), got {delta!r}", PrivacyError)
         for name in ("max_grad_norm", "learning_rate"):
             v = getattr(self, name)
-            if not _is_real(v) or not math.isfinite(v) or v <= 0:
-                other.append(f"{name} must be a finite number > 0, got {v!r}")
+            problems.check(_is_real(v) and math.isfinite(v) and v > 0,
+                           f"{name} must be a finite number > 0, got {v!r}")
         for name in ("epochs", "batch_size"):
             v = getattr(self, name)
-            if not _is_int(v) or v < 1:
-                other.append(f"{name} must be an integer >= 1, got {v!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**62):
-            other.append(f"seed must be None or an integer in [0, 2**62), got {self.seed!r}")
-        if self.optimizer not in DPSGD_OPTIMIZERS:
-            other.append(f"optimizer must be one of {', '.join(DPSGD_OPTIMIZERS)}, "
-                         f"got {self.optimizer!r}")
-        if self.accountant not in DPSGD_ACCOUNTANTS:
-            other.append(f"accountant must be one of {', '.join(DPSGD_ACCOUNTANTS)}, "
-                         f"got {self.accountant!r}")
-        message = "invalid DPSGDConfig: " + "; ".join(privacy + other)
-        if privacy:
-            raise PrivacyError(message)
-        if other:
-            raise ConfigError(message)
+            problems.check(_is_int(v) and v >= 1, f"{name} must be an integer >= 1, got {v!r}")
+        problems.check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**62),
+                       f"seed must be None or an integer in [0, 2**62), got {self.seed!r}")
+        problems.check(self.optimizer in DPSGD_OPTIMIZERS,
+                       f"optimizer must be one of {', '.join(DPSGD_OPTIMIZERS)}, got "
+                       f"{self.optimizer!r}")
+        problems.check(self.accountant in DPSGD_ACCOUNTANTS,
+                       f"accountant must be one of {', '.join(DPSGD_ACCOUNTANTS)}, got "
+                       f"{self.accountant!r}")
+        problems.raise_if_any()
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> "DPSGDConfig":

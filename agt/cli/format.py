@@ -24,8 +24,10 @@ def certified_fractions(frac: dict[int, float], k_values: Sequence[int], label: 
     return "\n".join(f"  k={k:<6d} {label}{frac[k]:.4f}" for k in summary_ks(k_values))
 
 
-def guarantee_line(n: int, mechanism: str, guarantee, extra: str = "") -> str:
-    return (f"released {n} labels with {mechanism}{extra}: each ({guarantee.epsilon:.6g}, "
+def guarantee_line(n: int, mechanism: str, guarantee, extra: str = "",
+                   per_query: bool = True) -> str:
+    scope = "each" if per_query else "the whole session"
+    return (f"released {n} labels with {mechanism}{extra}: {scope} ({guarantee.epsilon:.6g}, "
             f"{guarantee.delta:.3g})-DP w.r.t. {guarantee.relation}")
 
 
@@ -84,3 +86,50 @@ def non_empty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a non-empty value")
     return text
+
+
+# -- mechanism options -------------------------------------------------------------------
+
+def add_mechanism_options(p) -> None:
+    """Options of particular mechanisms (given only where they apply)."""
+    p.add_argument("--cutoff", type=positive_int,
+                   help="svt / ens-svt: unstable queries a session answers by its fallback "
+                        "before it refuses the rest (default 10)")
+    p.add_argument("--fallback", choices=("exp-radius", "refuse"),
+                   help="svt / ens-svt: the answer of an unstable query (default exp-radius)")
+    p.add_argument("--radius-rule", choices=("thm5.3", "tight"),
+                   help="ens-ss-*: ensemble radius, AGT Thm 5.3 (default) or min-cost")
+
+
+def mechanism_options(args) -> dict:
+    """The options given for the chosen mechanism; an option it does not take is an error."""
+    from agt.errors import ConfigError
+
+    takes = {"cutoff": ("svt", "ens-svt"), "fallback": ("svt", "ens-svt"),
+             "radius_rule": ("ens-ss-laplace", "ens-ss-cauchy")}
+    out = {}
+    for key, names in takes.items():
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        if args.mechanism not in names:
+            raise ConfigError(f"--{key.replace('_', '-')} applies to {', '.join(names)}, not "
+                              f"{args.mechanism}")
+        out[key] = value
+    return out
+
+
+def add_release_options(p, out_help: str, accountant_help: str) -> None:
+    """The options every release command shares: ledger, relation, seed and output."""
+    p.add_argument("--ledger", help="SQLite privacy ledger (default: the private dataset's own "
+                   "ledger under $AGT_LEDGER_DIR or ~/.agt/ledgers); created if missing")
+    p.add_argument("--accountant", choices=("standard", "best", "advanced", "tight"),
+                   help=accountant_help)
+    p.add_argument("--relation", choices=("replace-one", "add-remove"),
+                   help="neighbouring relation of a new ledger (default replace-one)")
+    p.add_argument("--insecure-seed", type=non_negative_int, metavar="N",
+                   help="EXPERIMENTS ONLY: seed the noise (anyone who knows N can remove it); "
+                        "recorded in the ledger and the output")
+    p.add_argument("--out", required=True, type=non_empty, help=out_help)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    add_mechanism_options(p)

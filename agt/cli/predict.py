@@ -17,8 +17,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from agt.cli.format import (guarantee_line, ledger_line, non_empty, non_negative_int,
-                            positive_float, unit_float)
+from agt.cli.format import (add_release_options, guarantee_line, ledger_line,
+                            mechanism_options, non_empty, positive_float, unit_float)
 from agt.cli.ledgers import open_ledger, write_after_spend
 
 
@@ -35,24 +35,17 @@ def add_parser(sub) -> None:
     p.add_argument("--split", default="test", type=non_empty)
     p.add_argument("--mechanism", required=True, choices=names,
                    help="; ".join(f"{n}: {MECHANISMS[n].summary}" for n in names))
-    p.add_argument("--epsilon", required=True, type=positive_float, help="per-query epsilon")
-    p.add_argument("--delta", type=unit_float, help="per-query delta ((eps, delta) mechanisms)")
-    p.add_argument("--ledger", help="SQLite privacy ledger (default: the private dataset's own "
-                   "ledger under $AGT_LEDGER_DIR or ~/.agt/ledgers); created if missing")
+    p.add_argument("--epsilon", required=True, type=positive_float,
+                   help="per-query epsilon (svt: of the whole session)")
+    p.add_argument("--delta", type=unit_float,
+                   help="per-query delta of (eps, delta) mechanisms (svt: of the session)")
     p.add_argument("--budget-epsilon", type=positive_float,
                    help="total epsilon budget (required for a new ledger)")
     p.add_argument("--budget-delta", type=unit_float,
                    help="total delta budget of a new ledger (default 0)")
-    p.add_argument("--accountant", choices=("standard", "best", "advanced", "tight"),
-                   help="composition of a new ledger (default standard; the others fix the "
+    add_release_options(p, "output .csv (index,label)",
+                        "composition of a new ledger (default standard; the others fix the "
                         "per-query (eps, delta) of this call for the ledger's lifetime)")
-    p.add_argument("--relation", choices=("replace-one", "add-remove"),
-                   help="neighbouring relation of a new ledger (default replace-one)")
-    p.add_argument("--insecure-seed", type=non_negative_int, metavar="N",
-                   help="EXPERIMENTS ONLY: seed the noise (anyone who knows N can remove it); "
-                        "recorded in the ledger")
-    p.add_argument("--out", required=True, type=non_empty, help="output .csv (index,label)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.set_defaults(func=run)
 
 
@@ -64,7 +57,8 @@ def run(args) -> int:
     from mechanisms import Certified, make_mechanism
     from mechanisms.ledger import hash_query
 
-    mechanism = make_mechanism(args.mechanism, args.epsilon, args.delta)
+    mechanism = make_mechanism(args.mechanism, args.epsilon, args.delta,
+                               **mechanism_options(args))
     out = check_output(args.out, suffixes=(".csv",), overwrite=args.overwrite)
     bundle = read_bundle(args.bounds)
     x, _ = load_npz_queries(args.data, split=args.split)
@@ -89,7 +83,8 @@ def run(args) -> int:
     write_after_spend(out, write)
     answered = int((released.labels >= 0).sum())
     print(guarantee_line(released.n_queries, released.mechanism, released.guarantee,
-                         " (INSECURE seeded noise)" if released.seeded else ""))
+                         " (INSECURE seeded noise)" if released.seeded else "",
+                         released.per_query))
     if answered < released.n_queries:
         print(f"answered {answered} of {released.n_queries} queries (the rest: no answer, -1)")
     print(summary)

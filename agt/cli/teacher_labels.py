@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from agt.cli.format import (guarantee_line, ledger_line, non_empty, non_negative_int,
-                            positive_float, unit_float)
+from agt.cli.format import (add_release_options, guarantee_line, ledger_line,
+                            mechanism_options, non_empty, non_negative_int, positive_float,
+                            unit_float)
 from agt.cli.ledgers import open_ledger, write_after_spend
 from agt.errors import ConfigError, PrivacyError
 
@@ -46,22 +47,11 @@ def add_parser(sub) -> None:
     p.add_argument("--per-query-delta", type=unit_float,
                    help="delta of each release of an (eps, delta) mechanism (default "
                         "delta_total / (2 Q); the rest is composition slack)")
-    p.add_argument("--radius-rule", choices=("thm5.3", "tight"), default="thm5.3",
-                   help="ensemble radius of ens-ss-*: AGT Thm 5.3 (default) or min-cost")
     p.add_argument("--teacher", type=non_negative_int, default=0,
                    help="teacher of an ensemble used by single-model mechanisms (default 0)")
-    p.add_argument("--ledger", help="SQLite privacy ledger (default: the private dataset's own "
-                   "ledger under $AGT_LEDGER_DIR or ~/.agt/ledgers); created if missing")
-    p.add_argument("--accountant", choices=("best", "standard", "advanced", "tight"),
-                   help="composition of a new ledger (default best, with this plan's per-query "
+    add_release_options(p, "output labels .npz",
+                        "composition of a new ledger (default best, with this plan's per-query "
                         "guarantee fixed); an existing ledger keeps its own")
-    p.add_argument("--relation", choices=("replace-one", "add-remove"),
-                   help="neighbouring relation of a new ledger (default replace-one)")
-    p.add_argument("--insecure-seed", type=non_negative_int, metavar="N",
-                   help="EXPERIMENTS ONLY: seed the noise (anyone who knows N can remove it); "
-                        "recorded in the ledger and the output")
-    p.add_argument("--out", required=True, type=non_empty, help="output labels .npz")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.add_argument("--train-student", action="store_true",
                    help="train a plain (non-AGT) student on the released labels and report "
                         "its test accuracy (x_test/y_test of the public file)")
@@ -133,7 +123,7 @@ def run(args) -> int:
     public_test = _public_test(Path(args.public)) if args.train_student else (None, None)
     q = len(x)
     ids = [hash_query(row) for row in x]
-    options = {"radius_rule": args.radius_rule} if args.mechanism.startswith("ens-ss") else {}
+    options = mechanism_options(args)
     probe = make_mechanism(args.mechanism, 1.0, 0.5 if entry.needs_delta else None, **options)
     if bundle is None:
         cert = EnsembleCertifier(ens, device=args.device).certify(x, radii=probe.uses_radii)
@@ -148,9 +138,10 @@ def run(args) -> int:
     path = Path(args.ledger) if args.ledger else default_ledger_path(dataset)
     new = not path.exists() or (path.is_file() and path.stat().st_size == 0)
     if new:
-        accountant = args.accountant or "best"
+        accountant = args.accountant or ("best" if probe.per_query else "standard")
         eps_q, delta_q = plan_queries(args.epsilon_total, args.delta_total, q, entry.needs_delta,
-                                      accountant, args.per_query_delta)
+                                      accountant, args.per_query_delta,
+                                      session=not probe.per_query)
         mechanism = make_mechanism(args.mechanism, eps_q, delta_q if entry.needs_delta else None,
                                    **options)
         g = mechanism.guarantee_for(inputs, args.relation or "replace-one")
@@ -161,7 +152,7 @@ def run(args) -> int:
         ledger = Ledger.open(path, args.epsilon_total, args.delta_total, args.accountant,
                              relation=args.relation, dataset_sha256=dataset)
         try:
-            mechanism = _mechanism_for(ledger, args, entry, q, options)
+            mechanism = _mechanism_for(ledger, args, entry, q, options, not probe.per_query)
         except BaseException:
             ledger.close()
             raise
@@ -181,6 +172,7 @@ def run(args) -> int:
         "accountant": np.asarray(accountant), "n_queries": np.int64(q),
         "n_teachers": np.int64(n_teachers), "public": np.asarray(str(args.public)),
         "split": np.asarray(args.split), "seeded": np.bool_(released.seeded),
+        "guarantee_per_query": np.bool_(released.per_query),
     }
     if args.insecure_seed is not None:
         arrays["insecure_seed"] = np.int64(args.insecure_seed)
@@ -191,7 +183,8 @@ def run(args) -> int:
 
     write_after_spend(out, write)
     print(guarantee_line(q, released.mechanism, g, f" from {n_teachers} teacher(s)"
-                         + (" (INSECURE seeded noise)" if released.seeded else "")))
+                         + (" (INSECURE seeded noise)" if released.seeded else ""),
+                         released.per_query))
     print(summary)
     answered = labels >= 0
     if not answered.all():
@@ -205,7 +198,7 @@ def run(args) -> int:
     return 0
 
 
-def _mechanism_for(ledger, args, entry, q: int, options: dict):
+def _mechanism_for(ledger, args, entry, q: int, options: dict, session: bool):
     """The mechanism at the per-query guarantee an existing ledger allows for q releases."""
     from mechanisms import make_mechanism
     from mechanisms.accounting import plan_queries
@@ -220,7 +213,7 @@ def _mechanism_for(ledger, args, entry, q: int, options: dict):
     else:
         eps_q, delta_q = plan_queries(ledger.budget_epsilon, ledger.budget_delta, q,
                                       entry.needs_delta, "standard", args.per_query_delta,
-                                      spent=ledger._recorded_groups())
+                                      spent=ledger._recorded_groups(), session=session)
     return make_mechanism(args.mechanism, eps_q, delta_q if entry.needs_delta else None,
                           **options)
 

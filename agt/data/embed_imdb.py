@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from agt.errors import AGTError, DataError
+from agt.io import atomic_write
 
 
 def read_reviews(root: str | Path) -> tuple[list[str], np.ndarray]:
@@ -69,11 +70,11 @@ def split_and_save(x: np.ndarray, y: np.ndarray, out: Path, test_fraction: float
     order = rng.permutation(len(y))
     n_test = int(round(len(y) * test_fraction))
     test, train = order[:n_test], order[n_test:]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial.npz")
-    np.savez(tmp, x_train=x[train], y_train=y[train], x_test=x[test], y_test=y[test])
-    tmp.replace(out)
-    return out
+    def write(path: Path) -> None:
+        with open(path, "wb") as fh:
+            np.savez(fh, x_train=x[train], y_train=y[train], x_test=x[test], y_test=y[test])
+
+    return atomic_write(out, write)
 
 
 def main(argv: list[str] | None = None) -> int:

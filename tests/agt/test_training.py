@@ -306,6 +306,12 @@ def test_relations_recorded():
     ds = blobs(200, seed=13)
     full = train(config(LOGISTIC_CE), ds)
     assert set(full.relations) == {REPLACE, ADD_REMOVE}
+    n, k_max = len(ds.y_train), 8
+    assert set(train(config(LOGISTIC_CE, batch_size="full"), ds).relations) == {REPLACE, ADD_REMOVE}
+    # an integer batch covers add-remove only when every neighbour within max(k) is one batch
+    assert train(config(LOGISTIC_CE, batch_size=n), ds).relations == (REPLACE,)
+    assert train(config(LOGISTIC_CE, batch_size=n + k_max - 1), ds).relations == (REPLACE,)
+    assert set(train(config(LOGISTIC_CE, batch_size=n + k_max), ds).relations) == {REPLACE, ADD_REMOVE}
     mini = train(config(LOGISTIC_CE, batch_size=50), ds)
     assert mini.relations == (REPLACE,)
     assert mini.order.shape == (2, len(ds.y_train))
@@ -374,3 +380,36 @@ def test_falsify_frozen_conv_prefix_with_pretrained_weights(tmp_path):
     assert torch.equal(res.lower["0.weight"][-1], res.upper["0.weight"][-1])
     assert falsify(cfg, ds, ["random", "targeted", "flip", "remove", "add"], trials_per_k=6,
                    seed=31) >= 18
+
+
+def test_adding_a_record_breaks_a_bundle_of_batch_size_n_but_not_a_full_batch_one():
+    """Issue 8, item 9 (the audit's finding): with batch_size == n, a neighbour with n + 1
+    records is trained as two batches by the nominal rule, and its parameters leave the k = 1
+    box, so such a bundle must not (and does not) claim add-remove; `batch_size: full` trains
+    the neighbour as one batch of n + 1 and stays inside every box."""
+    ds = blobs(200, seed=31)
+    n = len(ds.y_train)
+    rng = np.random.default_rng(32)
+    for batch, claims in ((n, False), ("full", True)):
+        cfg = config(LOGISTIC_CE, batch_size=batch, n_epochs=3, learning_rate=1.0,
+                     k_values=[0, 1, 2])
+        result = train(cfg, ds)
+        assert (ADD_REMOVE in result.relations) == claims
+        outside = 0
+        for _ in range(5):
+            ds2 = perturb(ds, "add", 1, rng)
+            ok, _ = inside(train_nominal(cfg, ds2), result.lower, result.upper, 1)
+            outside += not ok
+        if claims:
+            assert outside == 0
+        else:
+            assert outside > 0          # the claim would have been false
+
+
+def test_dampening_without_momentum_is_refused():
+    """Issue 8, item 10: torch.optim.SGD ignores dampening when momentum is 0."""
+    import pytest as _pytest
+    from agt.errors import ConfigError
+    with _pytest.raises(ConfigError, match="dampening without momentum"):
+        config(LOGISTIC_CE, optimizer="sgdm", momentum=0.0, dampening=0.3)
+    config(LOGISTIC_CE, optimizer="sgdm", momentum=0.5, dampening=0.3)

@@ -56,6 +56,7 @@ BLOBS_TINY = {
     "train_config": str(CONFIGS / "blobs.yaml"),
     "train_overrides": {"k_values": "0..49"},
     "experiments": ALL,
+    "seeds": [0, 1],
     "settings": {
         "heatmap": {"train_config": str(CONFIGS / "blobs_mlp.yaml"),
                     "train_overrides": {"k_values": "0..3",
@@ -106,6 +107,12 @@ def test_blobs_reproduce_end_to_end(tmp_path, capsys):
         assert all(len(d) == 2 for d in acc[mech]["sampled"])
     i1 = int(np.argmin(np.abs(np.asarray(eps) - 1.0)))
     assert acc["ss-cauchy"]["expected"][i1] > acc["gs"]["expected"][i1]
+    # the exponential mechanism on the radius spends it far better than smooth sensitivity
+    assert acc["exp-radius"]["expected"][i1] >= acc["ss-cauchy"]["expected"][i1]
+    # mean +- std over the plan's training seeds, never one chosen seed
+    assert single["training_seeds"] == [0, 1]
+    assert all(len(v) == 2 for v in acc["gs"]["expected_by_seed"])
+    assert len(single["nonprivate_by_seed"]) == 2
 
     ens = load(out, "blobs", "ensembles")["results"]
     assert [r["T"] for r in ens["per_T"]] == [1, 3]
@@ -123,6 +130,11 @@ def test_blobs_reproduce_end_to_end(tmp_path, capsys):
     best = {r["Q"]: r["epsilon_per_query"] for r in budget["per_accountant"]["best"]}
     tight = {r["Q"]: r["epsilon_per_query"] for r in budget["per_accountant"]["tight"]}
     assert all(tight[q] >= best[q] * (1 - 1e-6) for q in best)
+    gated = budget["gated"]
+    assert [r["Q"] for r in gated] == [2, 50]
+    for r in gated:
+        for curve in ("single-svt", "ensemble-ens-svt"):
+            assert 0 <= r[curve]["expected"] <= r[curve]["answered"] <= 1
     run0 = budget["dp_sgd"]["runs"][0]
     # DP-SGD's add-remove target converts to the replace-one total (10, 1e-5) of every row
     assert budget["relation"] == "replace-one"
@@ -140,9 +152,11 @@ def test_blobs_reproduce_end_to_end(tmp_path, capsys):
 
     teach = load(out, "blobs", "teacher")["results"]
     rows = teach["per_n_public"][0]["rows"]
-    assert set(rows) == {"single-gs", "single-ss", "sa-gs", "sa-ss"}
+    assert set(rows) == {"single-gs", "single-ss", "single-exp", "single-svt", "sa-gs", "sa-ss",
+                         "sa-exp", "sa-svt"}
     for r in rows.values():
-        assert 0 <= r["student_accuracy_mean"] <= 1 and len(r["label_accuracy"]) == 1
+        assert len(r["label_accuracy"]) == 1
+        assert math.isnan(r["student_accuracy_mean"]) or 0 <= r["student_accuracy_mean"] <= 1
     assert teach["paper_percent"]["single-gs"] == 82.8
 
 
@@ -157,6 +171,7 @@ def test_blobs_rerun_is_deterministic_and_seed_changes_it(tmp_path, capsys):
         results.append(body)
     assert results[0]["results"]["accuracy"] == results[1]["results"]["accuracy"]
     assert results[2]["seed"] == 3 and results[2]["train_config"]["seed"] == 3
+    assert results[2]["training_seeds"] == [3] and results[0]["training_seeds"] == [0, 1]
     assert results[2]["results"]["accuracy"] != results[0]["results"]["accuracy"]
 
 

@@ -3,6 +3,8 @@ independent PLD accountant), frozen prefixes, validation and determinism."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 
@@ -276,7 +278,7 @@ def test_from_dict():
     with pytest.raises(ConfigError, match="learning_rate"):
         DPSGDConfig.from_dict({"target_epsilon": 1, "target_delta": 1e-5, "epochs": 2,
                                "batch_size": 32})
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.seed = 3                                   # frozen
 
 

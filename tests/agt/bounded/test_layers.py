@@ -15,10 +15,6 @@ Also: a per-rule contract suite over every registered layer rule (zero-width and
 parameter/input/output-gradient boxes, three magnitudes), float32 at scale with
 pre-activations within rounding of 0, GradSource row chunks, a frozen prefix, and direct
 tests of the loss-gradient bounds over random logit boxes.
-
-Known failures (bug in agt/bounded/losses.py softmax_bounds, cancellation in
-``sum_hi - e_hi``): test_loss_grad_bounds_wide_logit_boxes, test_softmax_bounds_wide_logit_box,
-test_wide_box_network_level_cross_entropy.
 """
 
 from __future__ import annotations

@@ -629,7 +629,7 @@ def _agt_script() -> list[str]:
     found = shutil.which("agt")
     if found:
         return [found]
-    pytest.skip("the agt console script is not installed")
+    pytest.fail("the agt console script is not installed: pip install -e . provides it")
 
 
 def test_console_script_train_and_inspect(tmp_path, queries):

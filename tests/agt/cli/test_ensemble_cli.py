@@ -37,8 +37,9 @@ device: cpu
 """
 Q = 40
 MECHS = ("lnmax", "ens-ss-laplace", "ens-ss-cauchy", "ens-ptr", "ens-ptr-votes", "ens-ptr-gs",
-         "gs", "ss-cauchy", "ss-laplace")
-PURE = ("lnmax", "ens-ss-cauchy", "gs", "ss-cauchy")
+         "ens-exp-radius", "ens-svt", "gs", "ss-cauchy", "ss-laplace", "exp-radius", "ptr", "svt")
+PURE = ("lnmax", "ens-ss-cauchy", "gs", "ss-cauchy", "exp-radius", "ens-exp-radius")
+SESSIONS = ("svt", "ens-svt")
 
 
 def run(capsys, *argv):
@@ -117,7 +118,8 @@ def test_teacher_labels_every_mechanism_records_every_label(workdir, tmp_path, c
     f = np.load(tmp_path / "labels.npz")
     labels = f["labels"]
     assert labels.shape == (Q,) and labels.dtype == np.int64
-    assert set(np.unique(labels)) <= ({-1, 0, 1} if "ptr" in mech else {0, 1})
+    assert set(np.unique(labels)) <= ({-1, 0, 1} if "ptr" in mech or mech in SESSIONS
+                                      else {0, 1})
     assert str(f["mechanism"]) == mech and str(f["relation"]) == "replace-one"
     single = not (mech == "lnmax" or mech.startswith("ens-"))
     assert int(f["n_queries"]) == Q and int(f["n_teachers"]) == (1 if single else 3)
@@ -126,9 +128,15 @@ def test_teacher_labels_every_mechanism_records_every_label(workdir, tmp_path, c
     assert not {"votes", "radius", "radii", "teacher_predictions", "source_id",
                 "dataset_sha256", "query_hash", "ledger_mechanism"} & set(f.files)
     assert bool(f["seeded"]) and int(f["insecure_seed"]) == 1
-    # the ledger holds one release per label, for the query it labelled, in order
     x = np.load(workdir / "public.npz")["x"]
     rows = releases(tmp_path / "l.db")
+    if mech in SESSIONS:     # one session: one ledger entry for all Q labels, the whole budget
+        assert len(rows) == 1 and "session of 40 queries" in rows[0].note
+        assert not bool(f["guarantee_per_query"])
+        assert (float(f["epsilon_per_query"]), float(f["delta_per_query"])) == (200.0, 1e-5)
+        assert "the whole session" in out
+        return
+    # the ledger holds one release per label, for the query it labelled, in order
     assert len(rows) == Q
     assert [r.query_hash for r in rows] == [hash_query(x[i]) for i in range(Q)]
     assert {r.mechanism for r in rows} == {mech}
@@ -148,7 +156,7 @@ def test_teacher_labels_every_mechanism_records_every_label(workdir, tmp_path, c
         assert answered.mean() > 0.8 and (labels[answered] == y[answered]).mean() > 0.8
         assert "label accuracy on the answered public queries" in out
     # stdout carries no owner-only number either
-    assert "radius" not in out and "vote" not in out.replace(mech, "")
+    assert "radius" not in out.replace(mech, "") and "vote" not in out.replace(mech, "")
 
 
 def test_refuses_past_the_total_budget(workdir, tmp_path, capsys):

@@ -138,3 +138,23 @@ def test_certify_plot(setup, tmp_path):
                "--plot", png) == 0
     assert png.stat().st_size > 10_000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_predict_gated_session_is_one_ledger_entry(setup, tmp_path, capsys):
+    d, bundle, _ = setup
+    rc = run("predict", "--bounds", bundle, "--data", d / "q.npz", "--mechanism", "svt",
+             "--epsilon", "5", "--delta", "1e-5", "--cutoff", "3", "--fallback", "refuse",
+             "--ledger", tmp_path / "l.db", "--budget-epsilon", "5", "--budget-delta", "1e-5",
+             "--out", tmp_path / "s.csv")
+    out = capsys.readouterr().out
+    assert rc == 0 and "the whole session (5, 1e-05)-DP" in out
+    with Ledger.open(tmp_path / "l.db") as ledger:
+        assert len(ledger.entries()) == 1
+    rows = list(csv.DictReader(open(tmp_path / "s.csv")))
+    assert len(rows) == 20 and {r["label"] for r in rows} <= {"-1", "0", "1"}
+    # an option of another mechanism is refused before anything happens
+    rc = run("predict", "--bounds", bundle, "--data", d / "q.npz", "--mechanism", "gs",
+             "--epsilon", "1", "--cutoff", "3", "--ledger", tmp_path / "m.db",
+             "--budget-epsilon", "5", "--out", tmp_path / "t.csv")
+    assert rc == 2 and "--cutoff applies to svt" in capsys.readouterr().err
+    assert not (tmp_path / "m.db").exists()

@@ -1,0 +1,370 @@
+"""Releases that spend the certified radius directly (any number of classes).
+
+The stability radius r of a query (agt/certify.py: the grid index of the largest certified
+box, -1 where not even k = 0 certifies; for an ensemble the min-cost radius R >= 0 of
+mechanisms/ensemble.py) has two properties, for neighbouring datasets D, D' (under the
+relations the certificates hold under, and for selection rules with a nesting proof):
+  (P1) r(D') >= r(D) - 1, both ways: the radius has sensitivity 1;
+  (P2) if r(D) >= 1 then the answer (certified class) at D' equals the one at D: every
+      neighbour's nominal model lies in the k = 1 box, all of which predict it. So if the
+      answers of D and D' differ, r(D) <= 0 and r(D') <= 0.
+It is a lower bound on the distance to instability (Smith & Thakurta 2013). Three releases:
+
+exp-radius / ens-exp-radius: the exponential mechanism on the radius (inverse-sensitivity
+  style, Asi & Duchi 2020). Scores u(y) = 0 for the answer c, u(y) = -(r + 1) otherwise.
+  Every score has sensitivity 1 (if the answers agree only r moves, by at most 1 (P1); if they
+  differ r, r' are in {-1, 0} (P2)), so the generic exponential mechanism, weights
+  exp(eps u / 2), is eps-DP (McSherry-Talwar 2007; Dwork-Roth Thm 3.10). This score is
+  tighter than generic, and we release y with probability proportional to exp(eps u(y)):
+  with w = e^{-eps (r + 1)}, P(c) = 1 / (1 + (C - 1) w) and P(y) = w / (1 + (C - 1) w).
+  Proof of eps-DP. Same answer, w' = w e^{-eps s} with |s| <= 1: P(c)/P'(c) =
+  (1 + (C-1) w') / (1 + (C-1) w) lies between 1 and w'/w, and P(y)/P'(y) = (w/w') P(c)/P'(c)
+  lies between 1 and w/w': both within [e^-eps, e^eps] (all non-answer scores move together,
+  the normaliser moves the other way). Different answers c != c' (w, w' in {e^-eps, 1}):
+  P_D(c)/P_D'(c) = (1 + (C-1) w') / (w' (1 + (C-1) w)) <= (1 + (C-1) w') / (w' (1 + (C-1)
+  e^-eps)), which is e^eps for w' = e^-eps and C / (1 + (C-1) e^-eps) <= e^eps for w' = 1;
+  P_D'(c)/P_D(c) = w' (1 + (C-1) w) / (1 + (C-1) w') <= C w' / (1 + (C-1) w') <= 1; the same
+  holds for c' with D, D' swapped, and a third class's ratio (w/w') (1 + (C-1) w') / (1 +
+  (C-1) w) lies between 1 and w/w' as before. tests/mechanisms/test_radius.py checks every
+  neighbouring (class, radius) pair exactly, and that doubling the constant breaks it.
+  Flip probability: P(release != c) = (C - 1) w / (1 + (C - 1) w). r = -1 gives the uniform
+  distribution; binary is C = 2.
+
+ptr: propose-test-release on one model's radius: release c if r + Laplace(1/eps) >
+  ln(1/delta) / eps, else REFUSED. (eps, delta)-DP as in ens-ptr (mechanisms/ensemble.py):
+  where answers agree the output is post-processing of the noisy radius (P1); where they
+  differ r <= 0 and an answer has probability <= delta / 2 (P2).
+
+svt / ens-svt: stability-gated answering with the sparse vector (Bassily, Thakkar & Thakurta
+  2018; AboveThreshold as in Dwork & Roth 2014, Alg. 1 and Thm 3.23, in the form that draws
+  the query noise at scale 4/eps1, not the broken variants of Lyu, Su & Li 2017). A *session*
+  answers the queries of one release in order. With the session budget split into eps_svt
+  (gate) and eps_fb (fallbacks), cutoff c and eps1 = eps_svt / c: the gate draws a threshold
+  noise rho ~ Laplace(2/eps1); query i is *unstable* when -r_i + nu_i >= -T + rho with
+  nu_i ~ Laplace(4/eps1) (AboveThreshold on the sensitivity-1 scores -r_i), and *stable*
+  otherwise. A stable query is answered with its certified class c_i, at no cost; an unstable
+  one by the fallback (REFUSED, or exp-radius at eps_fb / c) and counts towards c; a fresh rho
+  is drawn after each unstable query; after c of them the session refuses every later query.
+  Privacy: the stable/unstable transcript is c AboveThreshold instances, eps1 each, so
+  eps_svt-DP (basic composition); the fallbacks compose to eps_fb. The certified answers are
+  a function of the transcript and of the answers c_i of stable queries, which agree between
+  D and D' except where r_i <= 0 at both (P2); call E the event that such a query is declared
+  stable. Fix an instance's start; let i* be the first query with r <= 0 after it. Any such
+  query declared stable in this instance means i* was (an unstable one ends the instance),
+  which needs rho - nu_i* > T (r_i* <= 0); rho and nu_i* are fresh and independent of the
+  start, so this has probability at most q(T) = P(rho - nu > T), and P(E) <= c q(T) =: delta'. The
+  usual argument (compare with a mechanism that answers a fixed class where r <= 0) gives
+      (eps, delta)-DP for the whole session, eps = eps_svt + eps_fb,
+      delta = (1 + e^eps) delta'.
+  T is the smallest threshold with (1 + e^eps) c q(T) <= delta, where for rho ~ Lap(a) and
+  nu ~ Lap(b), a != b, t >= 0:  P(rho - nu > t) = (a^2 e^{-t/a} - b^2 e^{-t/b}) / (2 (a^2 - b^2)).
+  The ledger records a session as one entry of (eps, delta): the budget pays only for the
+  unstable queries' cutoff, not per query.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mechanisms.base import REFUSED, Mechanism, register
+from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
+from mechanisms.guarantee import Guarantee
+from mechanisms.inputs import Certified, Votes
+from mechanisms.noise import ptr_draw, ptr_release_probability, ptr_threshold
+from mechanisms.votes import aggregate, ensemble_radius
+
+FALLBACKS = ("refuse", "exp-radius")
+
+
+def answer_and_radius(inputs) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The certified answer and its stability radius per query: a single model's prediction
+    and radius, or an ensemble's winner and min-cost radius (both satisfy P1 and P2)."""
+    if isinstance(inputs, Votes):
+        return (aggregate(inputs.votes, inputs.n_classes),
+                ensemble_radius(inputs.votes, inputs.radii, "tight", inputs.n_classes))
+    return inputs.prediction, inputs.radius
+
+
+# ---------------------------------------------------------------------------------------------
+# Exponential mechanism on the radius
+
+def exp_flip_probability(radius: ArrayLike, epsilon: float, n_classes: int) -> NDArray[np.float64]:
+    """P(release != c) = (C - 1) w / (1 + (C - 1) w), w = exp(-eps (r + 1))."""
+    w = np.exp(-epsilon * (np.asarray(radius, dtype=np.float64) + 1.0))
+    return (n_classes - 1) * w / (1.0 + (n_classes - 1) * w)
+
+
+def exp_probabilities(answer: NDArray[np.int64], radius: NDArray[np.int64], epsilon: float,
+                      n_classes: int) -> NDArray[np.float64]:
+    """(Q, C): P(release = y) for every class y."""
+    flip = exp_flip_probability(radius, epsilon, n_classes)
+    p = np.repeat((flip / (n_classes - 1))[:, None], n_classes, axis=1)
+    p[np.arange(len(answer)), answer] = 1.0 - flip
+    return p
+
+
+def exp_draw(answer: NDArray[np.int64], radius: NDArray[np.int64], epsilon: float,
+             n_classes: int, rng: np.random.Generator) -> NDArray[np.int64]:
+    """One draw per query: c with probability 1 - flip, else a uniform other class."""
+    flip = exp_flip_probability(radius, epsilon, n_classes)
+    other = rng.integers(0, n_classes - 1, size=answer.shape)
+    other = other + (other >= answer)                 # uniform over the classes != answer
+    return np.where(rng.random(answer.shape) < flip, other, answer).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class ExponentialRadius(Mechanism):
+    """The exponential mechanism on the radius (module docstring): eps-DP per query, any
+    number of classes; `ensemble` selects Votes inputs and the min-cost ensemble radius."""
+
+    epsilon: float
+    delta: float | None = None
+    ensemble: bool = False
+
+    uses_radii = True
+
+    def __post_init__(self) -> None:
+        check_params(self.name, self.epsilon, self.delta, False)
+
+    @property
+    def input_type(self):         # type: ignore[override]
+        return Votes if self.ensemble else Certified
+
+    @property
+    def name(self) -> str:
+        return "ens-exp-radius" if self.ensemble else "exp-radius"
+
+    def guarantee(self, relation: str) -> Guarantee:
+        radius = "min-cost ensemble radius" if self.ensemble else "stability radius"
+        return Guarantee(float(self.epsilon), 0.0, relation, self.name,
+                         f"exponential mechanism on the {radius}: score 0 for the certified "
+                         f"class, -(r+1) otherwise (sensitivity 1, one-directional), weights "
+                         f"exp(eps u); "
+                         f"eps={self.epsilon!r} per query (McSherry-Talwar; Asi-Duchi)")
+
+    def _draw(self, inputs, rng):
+        answer, radius = answer_and_radius(inputs)
+        return exp_draw(answer, radius, self.epsilon, inputs.n_classes, rng)
+
+    def _correct(self, inputs, y):
+        answer, radius = answer_and_radius(inputs)
+        flip = exp_flip_probability(radius, self.epsilon, inputs.n_classes)
+        valid = (y >= 0) & (y < inputs.n_classes)
+        return np.where(answer == y, 1.0 - flip,
+                        np.where(valid, flip / (inputs.n_classes - 1), 0.0))
+
+
+register("exp-radius", inputs=Certified, needs_delta=False,
+         summary="exponential mechanism on the radius, eps-DP; any number of classes")(
+    partial(ExponentialRadius, ensemble=False))
+register("ens-exp-radius", inputs=Votes, needs_delta=False,
+         summary="exponential mechanism on the min-cost ensemble radius, eps-DP; any classes")(
+    partial(ExponentialRadius, ensemble=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Propose-test-release on one model's radius
+
+@register("ptr", inputs=Certified, needs_delta=True,
+          summary="propose-test-release on the radius: the class or no answer, (eps, delta)-DP")
+@dataclass(frozen=True)
+class RadiusPTR(Mechanism):
+    """The certified class where radius + Laplace(1/eps) > ln(1/delta)/eps, else REFUSED."""
+
+    epsilon: float
+    delta: float
+
+    input_type = Certified
+    uses_radii = True
+
+    def __post_init__(self) -> None:
+        check_params(self.name, self.epsilon, self.delta, True)
+
+    @property
+    def name(self) -> str:
+        return "ptr"
+
+    def guarantee(self, relation: str) -> Guarantee:
+        return Guarantee(float(self.epsilon), float(self.delta), relation, self.name,
+                         f"propose-test-release: stability radius + Laplace(1/eps) > "
+                         f"ln(1/delta)/eps = {ptr_threshold(self.epsilon, self.delta)!r} "
+                         f"releases the certified class, else no answer")
+
+    def _draw(self, inputs, rng):
+        return ptr_draw(inputs.prediction, inputs.radius, self.epsilon, self.delta, rng)
+
+    def _correct(self, inputs, y):
+        passed = ptr_release_probability(inputs.radius, self.epsilon, self.delta)
+        return np.where(inputs.prediction == y, passed, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stability-gated answering with the sparse vector
+
+def laplace_difference_tail(t: float, a: float, b: float) -> float:
+    """P(rho - nu > t) for independent rho ~ Laplace(a), nu ~ Laplace(b), a != b, t >= 0."""
+    if t < 0:
+        return 1.0 - laplace_difference_tail(-t, a, b)
+    return (a * a * math.exp(-t / a) - b * b * math.exp(-t / b)) / (2.0 * (a * a - b * b))
+
+
+def svt_threshold(eps_gate: float, cutoff: int, delta: float, eps_total: float) -> float:
+    """The smallest T (to 1e-9 relative) with (1 + e^eps_total) c q(T) <= delta."""
+    eps1 = eps_gate / cutoff
+    a, b = 2.0 / eps1, 4.0 / eps1
+    target = delta / ((1.0 + math.exp(min(eps_total, 700.0))) * cutoff)
+
+    def q(t):
+        return laplace_difference_tail(t, a, b)
+
+    lo, hi = 0.0, b
+    while q(hi) > target:
+        lo, hi = hi, 2.0 * hi
+    while hi - lo > 1e-9 * hi:
+        mid = 0.5 * (lo + hi)
+        if q(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+@dataclass(frozen=True)
+class SparseVectorGate(Mechanism):
+    """One stability-gated session over the queries of a release (module docstring)."""
+
+    epsilon: float
+    delta: float
+    cutoff: int = 10
+    fallback: str = "exp-radius"
+    fallback_share: float = 0.5
+    ensemble: bool = False
+
+    uses_radii = True
+    per_query = False            # the guarantee covers the whole session: one ledger entry
+
+    def __post_init__(self) -> None:
+        problems = privacy_problems(self.name)
+        check_epsilon(self.epsilon, problems)
+        check_delta(self.delta, problems)
+        if isinstance(self.cutoff, bool) or not isinstance(self.cutoff, (int, np.integer)) \
+                or not 1 <= self.cutoff <= 10**6:
+            problems.add(f"cutoff must be an integer in [1, 10**6], got {self.cutoff!r}")
+        if self.fallback not in FALLBACKS:
+            problems.add(f"fallback must be one of {FALLBACKS}, got {self.fallback!r}")
+        if not (isinstance(self.fallback_share, (int, float)) and 0 < self.fallback_share < 1):
+            problems.add(f"fallback_share must be in (0, 1), got {self.fallback_share!r}")
+        problems.raise_if_any()
+
+    @property
+    def input_type(self):         # type: ignore[override]
+        return Votes if self.ensemble else Certified
+
+    @property
+    def name(self) -> str:
+        return "ens-svt" if self.ensemble else "svt"
+
+    @property
+    def eps_gate(self) -> float:
+        return self.epsilon * (1.0 - self.fallback_share) if self.fallback != "refuse" \
+            else self.epsilon
+
+    @property
+    def eps_fallback(self) -> float:
+        """Per fallback answer (at most `cutoff` of them)."""
+        return self.epsilon * self.fallback_share / self.cutoff if self.fallback != "refuse" \
+            else 0.0
+
+    @property
+    def threshold(self) -> float:
+        return svt_threshold(self.eps_gate, int(self.cutoff), self.delta, self.epsilon)
+
+    @property
+    def _scales(self) -> tuple[float, float]:
+        eps1 = self.eps_gate / self.cutoff
+        return 2.0 / eps1, 4.0 / eps1
+
+    def guarantee(self, relation: str) -> Guarantee:
+        return Guarantee(float(self.epsilon), float(self.delta), relation, self.name,
+                         f"one stability-gated session (sparse vector): radius gate at T = "
+                         f"{self.threshold:.6g} with eps {self.eps_gate!r} over {self.cutoff} "
+                         f"AboveThreshold instances (Laplace 2/eps1 threshold, 4/eps1 query "
+                         f"noise), fallback {self.fallback}"
+                         + (f" at eps {self.eps_fallback!r} each" if self.fallback != "refuse"
+                            else "") + "; (eps, delta) for the whole session")
+
+    def _draw(self, inputs, rng):
+        answer, radius = answer_and_radius(inputs)
+        a, b = self._scales
+        t = self.threshold
+        out = np.full(answer.shape, REFUSED, dtype=np.int64)
+        tops = 0
+        rho = rng.laplace(0.0, a)
+        nu = rng.laplace(0.0, b, size=answer.shape)
+        for i in range(len(answer)):
+            if tops >= self.cutoff:
+                break
+            if -radius[i] + nu[i] >= -t + rho:           # unstable: fallback, one of c
+                tops += 1
+                if self.fallback == "exp-radius":
+                    out[i] = exp_draw(answer[i:i + 1], radius[i:i + 1], self.eps_fallback,
+                                      inputs.n_classes, rng)[0]
+                rho = rng.laplace(0.0, a)
+            else:
+                out[i] = answer[i]
+        return out
+
+    def _correct(self, inputs, y):
+        answer, radius = answer_and_radius(inputs)
+        fb = np.zeros(len(answer))
+        if self.fallback == "exp-radius":
+            flip = exp_flip_probability(radius, self.eps_fallback, inputs.n_classes)
+            fb = np.where(answer == y, 1.0 - flip, flip / (inputs.n_classes - 1))
+            fb = np.where((y >= 0) & (y < inputs.n_classes), fb, 0.0)
+        return gated_correct_probability(answer == y, fb, radius, self.threshold,
+                                         *self._scales, int(self.cutoff))
+
+
+def gated_correct_probability(stable_right: NDArray[np.bool_], fallback_right: NDArray[np.float64],
+                              radius: NDArray[np.int64], threshold: float, a: float, b: float,
+                              cutoff: int, points: int = 2001) -> NDArray[np.float64]:
+    """Exact (up to quadrature) per-query probability that a session answers correctly.
+
+    The state before query i is (tops used j < c, current threshold noise rho); it is kept as
+    a density over a grid of rho for each j. Query i is stable given rho with probability
+    s_i(rho) = P(nu < r_i - T + rho) = F_b(r_i - T + rho); then it is answered with the
+    certified class (right iff `stable_right`), else by the fallback (right with probability
+    `fallback_right`) and the state moves to (j + 1, fresh rho). Halted sessions refuse."""
+    rho = np.linspace(-40.0 * a, 40.0 * a, points)             # odd: Simpson's rule, 0 a node
+    simpson = np.where(np.arange(points) % 2 == 1, 4.0, 2.0)
+    simpson[[0, -1]] = 1.0
+    w = np.exp(-np.abs(rho) / a) / (2.0 * a) * simpson * (rho[1] - rho[0]) / 3.0
+    w /= w.sum()
+    mass = np.zeros((cutoff, points))              # P(state = (j, rho_g)), as weights
+    mass[0] = w
+    out = np.zeros(len(radius))
+    for i in range(len(radius)):
+        x = radius[i] - threshold + rho
+        stable = np.where(x < 0, 0.5 * np.exp(np.minimum(x, 0) / b),
+                          1.0 - 0.5 * np.exp(-np.maximum(x, 0) / b))
+        p_stable = mass * stable[None, :]
+        p_top = mass - p_stable
+        top_by_j = p_top.sum(axis=1)
+        out[i] = p_stable.sum() * float(stable_right[i]) + top_by_j.sum() * fallback_right[i]
+        mass = p_stable
+        mass[1:] += top_by_j[:-1, None] * w[None, :]
+    return out
+
+
+register("svt", inputs=Certified, needs_delta=True,
+         summary="stability-gated session (sparse vector): stable queries free, at most "
+                 "--cutoff unstable ones, (eps, delta) per session")(
+    partial(SparseVectorGate, ensemble=False))
+register("ens-svt", inputs=Votes, needs_delta=True,
+         summary="stability-gated session on the ensemble radius, (eps, delta) per session")(
+    partial(SparseVectorGate, ensemble=True))

@@ -1,0 +1,143 @@
+"""The layers point one way (DESIGN.md section 2), checked on the import graph of the source:
+
+  agt (engine)  <-  mechanisms (noise, accounting, ledger; only agt.errors)
+        ^                ^
+        +--- experiments (library only, never the CLI) --- agt.cli (the application)
+
+No import circle between modules; nothing outside agt/cli imports it; the engine never
+imports mechanisms; release noise is drawn only inside mechanism objects, and only the
+ledger calls a mechanism's release."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("agt", "mechanisms", "experiments")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The project module an import names (the longest known prefix), or None."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in MODULES:
+            return candidate
+        parts.pop()
+    return None
+
+
+def imports_of(module: str) -> set[str]:
+    """Project modules imported anywhere in `module` (function-level imports included):
+    ``from X import Y`` names X.Y when that is a module, else X."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import):
+            targets = [_resolve(a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES
+                       else _resolve(node.module) for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t is not None and t != module)
+    return found
+
+
+GRAPH = {m: imports_of(m) for m in MODULES}
+
+
+def test_no_import_circle():
+    # the package __init__ files re-export their modules; a module importing its own
+    # package's __init__ would close a circle, so __init__ nodes are kept in the graph
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in GRAPH[node]:
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m)
+
+
+def test_layers_point_one_way():
+    problems = []
+    for module, targets in GRAPH.items():
+        in_cli = module == "agt.cli" or module.startswith("agt.cli.")
+        for t in targets:
+            if (t == "agt.cli" or t.startswith("agt.cli.")) and not in_cli:
+                problems.append(f"{module} imports the CLI ({t})")
+            if module.startswith("agt") and not in_cli and t.startswith("mechanisms"):
+                problems.append(f"engine module {module} imports {t}")
+            if module.startswith("mechanisms") and t.startswith("agt") and t != "agt.errors":
+                problems.append(f"{module} imports {t} (mechanisms depend on agt.errors only)")
+            if module.startswith("agt") and not in_cli and t.startswith("experiments"):
+                problems.append(f"{module} imports the experiments ({t})")
+    assert not problems, "; ".join(problems)
+
+
+NOISE_CALLS = {"laplace", "standard_cauchy", "cauchy", "gumbel", "exponential", "normal",
+               "standard_normal", "choice", "random", "integers", "uniform", "gamma",
+               "standard_exponential", "standard_gamma", "multivariate_normal"}
+NOISE_MODULES = {"mechanisms.global_sens", "mechanisms.smooth", "mechanisms.ensemble",
+                 "mechanisms.noise", "mechanisms.radius", "mechanisms.convex"}
+
+
+def _calls(module: str):
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            yield node
+
+
+def test_release_noise_is_drawn_only_inside_mechanism_objects():
+    """No numpy-generator draw in mechanisms/ outside the modules that define mechanisms;
+    and only the ledger calls `mechanism.release` (experiments and the CLI go through
+    `Ledger.release`)."""
+    problems = []
+    for module in MODULES:
+        for call in _calls(module):
+            name = call.func.attr
+            if module.startswith("mechanisms") and name in NOISE_CALLS \
+                    and module not in NOISE_MODULES:
+                problems.append(f"{module}:{call.lineno} draws {name}")
+            if name == "release" and module != "mechanisms.ledger":
+                owner = ast.unparse(call.func.value)
+                if "ledger" not in owner.lower():
+                    problems.append(f"{module}:{call.lineno} calls {owner}.release directly")
+    assert not problems, "; ".join(problems)
+
+
+def test_experiments_and_cli_draw_no_noise_of_their_own():
+    problems = []
+    for module in MODULES:
+        if module.startswith("experiments") or module.startswith("agt.cli"):
+            for call in _calls(module):
+                if call.func.attr in ("laplace", "standard_cauchy", "cauchy", "gumbel"):
+                    problems.append(f"{module}:{call.lineno} draws {call.func.attr}")
+    assert not problems, "; ".join(problems)
