@@ -19,7 +19,7 @@ Tasks (fixed data, seeds and settings; no task is tuned to a method):
   ensemble_t25     Blobs logistic 6-2 (configs/blobs.yaml: 1 full-batch step), T = 25 teachers
                    of 200 records, k = 0..199; the ensemble radius of Thm 5.3 per query
 
-    python benchmarks/bench_tightness.py [--tasks a,b] [--methods interval,affine] [--json FILE]
+    python benchmarks/bench_tightness.py [--tasks a,b] [--methods interval,served-k0] [--json FILE]
 
 The first method is the baseline of the ratios. Digits come from scikit-learn (offline).
 """
