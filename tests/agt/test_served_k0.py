@@ -110,13 +110,14 @@ def test_k0_certifies_after_many_float32_steps_and_is_no_looser():
     assert c_old.certified_fraction()[0] < K0_GOAL
 
 
-def test_smooth_radius_on_neighbours_float32():
+@pytest.mark.parametrize("method", ["served-k0", "interval"])
+def test_smooth_radius_on_neighbours_float32(method):
     """r(D') >= r(D) - 1 both ways for neighbours (replaced, adversarial, removed, added:
-    full batch certifies add-remove too) in float32, where r(D) = 1 requires the point box
-    of D' to certify."""
+    full batch certifies add-remove too) in float32, where r(D) = 1 requires the k = 0 box
+    of D' (served-k0: a point) to certify. Both methods claim smoothness."""
     ds = blobs(300, seed=41, variant="overlapping")
     cfg = config(MLP_BCE, "binary_cross_entropy", n_epochs=4, batch_size="full",
-                 learning_rate=0.5, dtype="float32", k_values="0..12")
+                 learning_rate=0.5, dtype="float32", k_values="0..12", bound_method=method)
     cert = Certifier(from_result(train(cfg, ds))).certify(ds.x_test)
     # queries at r(D) = 1 exercise the k = 0 leg of the proof; r must not saturate the grid
     assert (cert.radius == 1).any() and 1 < cert.radius.max() < 12
