@@ -33,6 +33,15 @@ class SoundnessError(AGTError):
     Raised instead of writing a certificate that could be wrong."""
 
 
+class WorkerError(AGTError):
+    """A task run in a worker (an ensemble's teacher) kept failing -- its process crashed or
+    was killed, its Ray worker or node was lost, or it raised an unexpected error -- after
+    its retries (agt/parallel.py); nothing was returned or written. ``detail`` holds the
+    worker's traceback when there is one."""
+
+    detail: str = ""
+
+
 class PrivacyError(AGTError):
     """Invalid privacy parameters (epsilon, delta, budgets), or a release that the privacy
     rules refuse (wrong relation, wrong dataset, radii without a smoothness proof)."""
@@ -44,7 +53,7 @@ class BudgetExceededError(PrivacyError):
 
 # The error a collection of problems raises: the first kind present in this order.
 _PRECEDENCE = (BudgetExceededError, PrivacyError, SoundnessError, BundleError, DataError,
-               ConfigError, AGTError)
+               ConfigError, WorkerError, AGTError)
 
 
 class Problems:

@@ -124,13 +124,16 @@ def dumps(obj: Any, indent: int = 1, level: int = 0) -> str:
 
 class Context:
     def __init__(self, plan: Plan, *, out: str | Path = "artifacts", data_dir: str | Path | None = None,
-                 seed: int | None = None, progress: bool = False, device: str = "cpu"):
+                 seed: int | None = None, progress: bool = False, device: str = "cpu",
+                 workers: int = 1, threads: int | None = None):
         self.plan = plan
         self.out_dir = Path(out) / plan.dataset
         self.data_dir = data_dir
         self.seed_override = seed
         self.progress = progress
         self.device = device
+        self.workers = workers      # teachers trained at once (local processes); 1: serially
+        self.threads = threads      # intra-op threads per teacher (None: agt's default)
         self._prepared: Prepared | None = None
         self._single: dict[int, SingleModel] = {}
         self._ensembles: dict[tuple[int, int], EnsembleModel] = {}
@@ -211,7 +214,8 @@ class Context:
         t0 = time.perf_counter()
         ks = self.ensemble_k_values(n_teachers)
         cfg = self.config.replace(k_values=list(ks), seed=ENSEMBLE_SEED_STRIDE * seed)
-        ens = train_ensemble(cfg, self.dataset, n_teachers, progress=self.progress)
+        ens = train_ensemble(cfg, self.dataset, n_teachers, workers=self.workers,
+                             threads=self.threads, progress=self.progress)
         cert = EnsembleCertifier(ens, device=self.device).certify(self.dataset.x_test)
         model = EnsembleModel(ens, cert, Votes.from_certificate(cert), ks,
                               time.perf_counter() - t0)

@@ -35,13 +35,15 @@ def select(plan_experiments: tuple[str, ...], only: list[str] | None) -> list[st
 def reproduce(dataset: str, *, quick: bool = False, data_dir: str | Path | None = None,
               out: str | Path = "artifacts", only: list[str] | None = None,
               seed: int | None = None, plan_path: str | Path | None = None,
-              progress: bool = True, device: str = "cpu") -> list[Outcome]:
+              progress: bool = True, device: str = "cpu", workers: int = 1,
+              threads: int | None = None) -> list[Outcome]:
     """Run the plan's experiments for `dataset`; returns one Outcome per experiment and
-    writes ``<out>/<dataset>/summary.md``."""
+    writes ``<out>/<dataset>/summary.md``. `workers` / `threads`: how the ensembles' teachers
+    are trained (agt.ensemble.train_ensemble; the results do not depend on `workers`)."""
     plan = load_plan(plan_path or default_plan_path(dataset), quick=quick, dataset=dataset)
     names = select(plan.experiments, only)
     ctx = Context(plan, out=out, data_dir=data_dir, seed=seed, progress=progress,
-                  device=device)
+                  device=device, workers=workers, threads=threads)
     t0 = time.perf_counter()
     _ = ctx.prepared  # load (and for OctMNIST pre-train) before any experiment: fail early
     outcomes = []

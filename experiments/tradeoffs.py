@@ -639,27 +639,28 @@ def summary_markdown(results: dict) -> str:
 
 def run_study(settings: TradeoffSettings, out_dir: str | Path, *, quick: bool = False,
               dataset_by_task: dict[str, Dataset] | None = None,
-              progress: bool = False) -> dict:
+              progress: bool = False, threads: int | None = None) -> dict:
     """Run every task's figures and regimes; write results.json, PNGs and summary.md under
-    `out_dir`. Returns the results (with `files` and `timing`)."""
+    `out_dir`. Returns the results (with `files` and `timing`). `threads`: torch and BLAS
+    threads during the run (default 1, restored afterwards)."""
     import torch
 
     # Small problems (64 features, <= 1438 records): one thread each for torch and BLAS is
     # faster than two on a shared 2-core machine (threads spin against other jobs);
     # restored afterwards.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or 1)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:            # optional: only a speed matter
         limits = None
     else:
-        limits = threadpool_limits(1)
+        limits = threadpool_limits(threads or 1)
     try:
         return _run_study(settings, out_dir, quick=quick, dataset_by_task=dataset_by_task,
                           progress=progress)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
         if limits is not None:
             limits.restore_original_limits()
 

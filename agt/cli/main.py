@@ -5,6 +5,10 @@ status 2, and no partial output file is left behind (agt/io.py). Bad option valu
 argparse's one-line usage errors (also exit 2). SIGTERM (what `timeout` and batch schedulers
 send) is handled like Ctrl-C: temporary files are removed and the exit status is 130
 (143 for SIGTERM). A closed stdout (``agt inspect b.h5 | head``) ends the command quietly.
+
+OMP_WAIT_POLICY defaults to PASSIVE, set by ``import agt`` before torch loads (agt/threads.py:
+spinning OpenMP threads make small tensor ops many times slower next to another busy
+process); a user's setting wins.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``agt reproduce blobs|octmnist|imdb|tradeoffs``: run the paper's experiments for one dataset.
 
     agt reproduce DATASET [--quick] [--data-dir DIR] [--out artifacts] [--only EXP,...]
-                          [--seed N] [--plan FILE] [--device cpu|cuda] [--quiet]
+                          [--seed N] [--plan FILE] [--device cpu|cuda] [--workers N]
+                          [--threads N] [--quiet]
 
 Writes ``<out>/<DATASET>/<experiment>/`` (results.json, PNG plots, table.md) and
 ``<out>/<DATASET>/summary.md``, shows progress on stderr and prints the summary table on
@@ -9,18 +10,19 @@ stdout. The experiments and their settings are in experiments/ and
 configs/experiments/<DATASET>.yaml. The artifacts are research outputs for the model owner
 (accuracies, radii, bound statistics of models trained on the data): they are not private
 releases; every simulated release inside them went through an in-memory ledger. OctMNIST
-and IMDB read their files from --data-dir (a
-missing file is a one-line error saying how to obtain it).
+and IMDB read their files from --data-dir (a missing file is a one-line error saying how to
+obtain it).
 
 ``agt reproduce tradeoffs [--quick]`` runs the trade-off study of van der Maaten & Hannun on
 scikit-learn's digits (experiments/tradeoffs.py, configs/experiments/tradeoffs.yaml; needs
 scikit-learn) and writes ``<out>/tradeoffs/`` (``<out>/tradeoffs-quick/`` with --quick):
-results.json, summary.md and the figures; --only and --seed do not apply to it.
+results.json, summary.md and the figures; --only, --seed, --data-dir and --workers do not
+apply to it (--threads does; default 1 thread: its problems are small).
 """
 
 from __future__ import annotations
 
-from agt.cli.format import non_negative_int
+from agt.cli.format import non_negative_int, positive_int
 
 DATASETS = ("blobs", "octmnist", "imdb", "tradeoffs")
 
@@ -42,21 +44,30 @@ def add_parser(sub) -> None:
                    "configs/experiments/<dataset>.yaml)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="device for certification and DP-SGD (training follows the config)")
+    p.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                   help="train the ensembles' teachers in N local processes (default 1: "
+                        "serially; the results are identical)")
+    p.add_argument("--threads", type=positive_int, metavar="N",
+                   help="intra-op threads of this process and of every teacher (default: "
+                        "OMP_NUM_THREADS, else all cores here and 1 per teacher)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    import os
-
-    # Before torch loads OpenMP: spinning OpenMP workers make small tensor ops many times
-    # slower when another process holds a core (2-core machines); a user's setting wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # OMP_WAIT_POLICY is set passive by agt.cli.main before torch loads (agt/threads.py)
     from agt.errors import ConfigError
+    from agt.parallel import plan_execution
+    from agt.threads import TEACHER_THREADS, configure_threads
     from experiments.runner import reproduce, summary_table
 
+    configure_threads(args.threads)
+    # refuse workers x threads beyond the cores before any experiment runs
+    plan_execution(args.workers, workers=args.workers, threads=args.threads,
+                   default_threads=TEACHER_THREADS)
     if args.dataset == "tradeoffs":
         return _run_tradeoffs(args)
+
     only = None
     if args.only is not None:
         only = [e.strip() for e in args.only.split(",") if e.strip()]
@@ -68,7 +79,8 @@ def run(args) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     outcomes = reproduce(args.dataset, quick=args.quick, data_dir=args.data_dir, out=args.out,
                          only=only, seed=args.seed, plan_path=args.plan,
-                         progress=not args.quiet, device=device)
+                         progress=not args.quiet, device=device, workers=args.workers,
+                         threads=args.threads)
     total = outcomes[-1]
     print(summary_table(args.dataset, outcomes[:-1], total.seconds, args.quick))
     print(f"\nartifacts: {total.headline.removeprefix('wrote ')}")
@@ -86,7 +98,8 @@ def _run_tradeoffs(args) -> int:
                           "(its seeds and data are in configs/experiments/tradeoffs.yaml)")
     settings = load_settings(args.plan, quick=args.quick)
     out = Path(args.out) / ("tradeoffs-quick" if args.quick else "tradeoffs")
-    results = run_study(settings, out, quick=args.quick, progress=not args.quiet)
+    results = run_study(settings, out, quick=args.quick, progress=not args.quiet,
+                        threads=args.threads)
     print((out / "summary.md").read_text())
     t = results["timing"]
     print(f"artifacts: {out} ({t['total_seconds']:.1f} s: training {t['training_seconds']:.1f}"

@@ -1,8 +1,15 @@
 """``agt train``: AGT training of one model or of a T-teacher ensemble (owner command).
 
     agt train --config FILE [--data FILE.npz] [--k-values SPEC] [--out FILE.h5]
-              [--device auto|cpu|cuda] [--quiet]
-    agt train --config FILE --ensemble T [--out DIR] ...
+              [--device auto|cpu|cuda] [--threads N] [--quiet]
+    agt train --config FILE --ensemble T [--out DIR] [--workers N] [--threads N]
+              [--ray-address local|auto|ADDR] ...
+
+``--workers N`` trains the teachers in N local processes, ``--ray-address`` as Ray tasks
+(``local``: a private local Ray instance; ``auto`` or ``ray://host:port``: a running
+cluster); the bundles are byte-identical to a serial run's. ``--threads N``: intra-op threads
+of the single model, or of every teacher (default 1 per teacher); workers x threads must fit
+in the machine's cores (agt/threads.py).
 
 Prints the training time, the k grid, the relations certified, and (with a labelled test
 split) the nominal test accuracy and certified fractions: owner-only numbers about the
@@ -31,6 +38,16 @@ def add_parser(sub) -> None:
     t.add_argument("--device", choices=("auto", "cpu", "cuda"))
     t.add_argument("--ensemble", type=positive_int, metavar="T",
                    help="train T >= 1 teachers on disjoint parts of the data (writes a directory)")
+    t.add_argument("--workers", type=positive_int, metavar="N",
+                   help="with --ensemble: train N teachers at once in local processes "
+                        "(or at most N Ray tasks with --ray-address)")
+    t.add_argument("--threads", type=positive_int, metavar="N",
+                   help="intra-op threads of the model, or of every teacher (default: "
+                        "OMP_NUM_THREADS, else all cores for one model, 1 per teacher)")
+    t.add_argument("--ray-address", type=non_empty, metavar="ADDR",
+                   help="with --ensemble: train the teachers on Ray; 'local' starts a local "
+                        "instance, 'auto' or ray://HOST:PORT joins a cluster (needs the "
+                        "distributed extra)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=run)
 
@@ -39,7 +56,19 @@ def run(args) -> int:
     from agt.config import load_config
     from agt.data import load_dataset
     from agt.io import check_output
+    from agt.parallel import plan_execution
+    from agt.threads import TEACHER_THREADS, configure_threads
 
+    if not args.ensemble and (args.workers or args.ray_address):
+        raise ConfigError("--workers and --ray-address train an ensemble's teachers in "
+                          "parallel; give --ensemble T")
+    # this process: the one model's threads; with --ensemble, --threads is per teacher (checked
+    # by plan_execution) and this process keeps the default for certification
+    configure_threads(None if args.ensemble else args.threads)
+    execution = None
+    if args.ensemble:                          # refuse a bad plan before loading any data
+        execution = plan_execution(args.ensemble, workers=args.workers, threads=args.threads,
+                                   ray_address=args.ray_address, default_threads=TEACHER_THREADS)
     overrides = {}
     if args.data is not None:
         overrides["data"] = {"name": "npz", "path": str(Path(args.data).resolve())}
@@ -61,7 +90,7 @@ def run(args) -> int:
                            Path("artifacts") / "bundles" / f"{stem}.h5", suffixes=(".h5",))
     ds = load_dataset(cfg.data.name, cfg.data.options, base_dir=Path(args.config).resolve().parent)
     if args.ensemble:
-        return _ensemble(args, cfg, ds, out)
+        return _ensemble(args, cfg, ds, out, execution)
     return _single(args, cfg, ds, out)
 
 
@@ -76,7 +105,8 @@ def _single(args, cfg, ds, out: Path) -> int:
     write_bundle(bundle, out)
     print(f"trained {ds.name}: n={ds.n_train}, {len(result.k_values)} k values "
           f"({result.k_values[0]}..{result.k_values[-1]}), relations "
-          f"{', '.join(result.relations)}; selection {bundle.selection}")
+          f"{', '.join(result.relations)}; selection {bundle.selection}, bound_method "
+          f"{bundle.bound_method}")
     print(f"time: {result.seconds:.2f} s training, {time.perf_counter() - t0:.2f} s total")
     print(f"bundle: {out}")
     if ds.x_test is not None and len(ds.x_test):
@@ -89,20 +119,30 @@ def _single(args, cfg, ds, out: Path) -> int:
     return 0
 
 
-def _ensemble(args, cfg, ds, out: Path) -> int:
-    from agt.certify import Certifier
+def _ensemble(args, cfg, ds, out: Path, execution) -> int:
     from agt.ensemble import EnsembleCertifier, train_ensemble, write_ensemble
     from mechanisms.ensemble import aggregate, ensemble_radius
 
     n_teachers = args.ensemble
-    ens = train_ensemble(cfg, ds, n_teachers, progress=not args.quiet)
+    t0 = time.perf_counter()
+    ens = train_ensemble(cfg, ds, n_teachers, workers=execution.workers,
+                         backend=execution.backend, threads=execution.threads,
+                         ray_address=execution.ray_address, progress=not args.quiet)
+    wall = time.perf_counter() - t0
     write_ensemble(ens, out)
     secs = ens.training_seconds
     sizes = ens.manifest["partition"]["sizes"]
+    ran = ens.manifest["execution"]
     print(f"trained {n_teachers} teachers on {ds.name}: n={ds.n_train} split by record index "
           f"mod {n_teachers} ({min(sizes)}..{max(sizes)} records each), "
           f"{len(ens.k_values)} k values ({ens.k_values[0]}..{ens.k_values[-1]}), "
           f"relations {', '.join(ens.relations)}")
+    workers = "" if ran["backend"] == "serial" else \
+        f", {ran['workers'] or 'cluster-wide'} worker(s)"
+    print(f"execution: {ran['backend']}{workers}, {ran['threads_per_teacher']} thread(s) per "
+          f"teacher; {wall:.2f} s wall")
+    for r in ran["reruns"]:
+        print(f"  teacher {r['teacher']} re-run after attempt {r['attempt']}: {r['reason']}")
     print(f"time: {sum(secs):.2f} s training ({sum(secs) / n_teachers:.3f} s per teacher)")
     print(f"ensemble: {out}")
     if ds.x_test is None or not len(ds.x_test) or ds.y_test is None:

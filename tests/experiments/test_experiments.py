@@ -175,6 +175,26 @@ def test_blobs_rerun_is_deterministic_and_seed_changes_it(tmp_path, capsys):
     assert results[2]["results"]["accuracy"] != results[0]["results"]["accuracy"]
 
 
+def test_ensembles_with_worker_processes_give_the_serial_results(tmp_path, capsys):
+    """`--workers 2` trains the teachers through the same library path in two processes:
+    the same ensembles (ids) and the same numbers."""
+    plan = write_plan(tmp_path / "plan.yaml", {
+        **BLOBS_TINY, "experiments": ["ensembles"],
+        "settings": {**BLOBS_TINY["settings"],
+                     "ensembles": {"teachers": [3], "epsilons": [1.0], "repeats": 2}}})
+    bodies = []
+    for name, extra in (("serial", []), ("parallel", ["--workers", "2", "--threads", "1"])):
+        rc, _, err = run_cli(["reproduce", "blobs", "--plan", str(plan), "--out",
+                              str(tmp_path / name), "--quiet", *extra], capsys)
+        assert rc == 0, err
+        bodies.append(load(tmp_path / name, "blobs", "ensembles")["results"]["per_T"])
+    assert len(bodies[0]) == 1
+    for serial, parallel in zip(*bodies):
+        for row in (serial, parallel):
+            row.pop("training_and_certification_seconds")
+        assert serial == parallel
+
+
 # ------------------------------------------------------------------------------------------
 # OctMNIST and IMDB pipelines on generated files
 

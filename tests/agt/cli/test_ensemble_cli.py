@@ -3,6 +3,8 @@ student)."""
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +111,54 @@ def test_train_ensemble_command_errors(workdir, capsys, tmp_path, monkeypatch, a
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_train_ensemble_in_parallel_gives_the_serial_ensemble(workdir, capsys, tmp_path):
+    serial = read_ensemble(workdir / "ens")
+    rc, out, err = run(capsys, "train", "--config", workdir / "blobs.yaml", "--ensemble", 3,
+                       "--workers", 2, "--threads", 1, "--out", tmp_path / "p")
+    assert rc == 0, err
+    assert "execution: process, 2 worker(s), 1 thread(s) per teacher" in out
+    assert "AGT teachers (T=3)" in err and "3/3" in err
+    parallel = read_ensemble(tmp_path / "p")
+    assert parallel.ensemble_id == serial.ensemble_id
+    assert [b.bundle_id for b in parallel.bundles] == [b.bundle_id for b in serial.bundles]
+
+
+def test_a_teachers_user_error_is_one_line_and_writes_nothing(workdir, capsys, tmp_path):
+    """Every teacher fails with the same ConfigError (its pretrained file is missing): reported
+    once, never retried, and no ensemble directory appears."""
+    body = (workdir / "blobs.yaml").read_text() + f"pretrained: {tmp_path / 'missing.pt'}\n"
+    (tmp_path / "c.yaml").write_text(body)
+    rc, out, err = run(capsys, "train", "--config", tmp_path / "c.yaml", "--ensemble", 3,
+                       "--out", tmp_path / "e", "--quiet")
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("agt: error: pretrained file not found")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workers", 2], "give --ensemble T"),
+    (["--ensemble", 3, "--workers", 2, "--threads", 100000], r"exceeds the \d+ core"),
+    (["--ensemble", 3, "--ray-address", "local", "--threads", 100000],
+     r"exceeds the \d+ core|needs Ray"),
+    (["--threads", 100000], r"1 worker\(s\) x 100000 thread\(s\) \(--threads\)"),
+])
+def test_parallel_options_refused_before_any_work(workdir, capsys, tmp_path, argv, message):
+    rc, out, err = run(capsys, "train", "--config", workdir / "blobs.yaml", "--quiet",
+                       "--out", tmp_path / "e", *argv)
+    assert rc == 2 and re.search(message, err) and err.startswith("agt: error:")
+    assert err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_ray_address_without_ray_is_a_one_line_error(workdir, capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    rc, _, err = run(capsys, "train", "--config", workdir / "blobs.yaml", "--ensemble", 3,
+                     "--ray-address", "auto", "--out", tmp_path / "e", "--quiet")
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("agt: error: the Ray backend needs Ray, which is not installed: "
+                          "pip install -e \".[distributed]\"")
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- agt teacher-labels -------------------------------------------------------------------
 
 @pytest.mark.parametrize("mech", MECHS)
@@ -127,7 +177,7 @@ def test_teacher_labels_every_mechanism_records_every_label(workdir, tmp_path, c
     # or of the models, no query hashes
     assert not {"votes", "radius", "radii", "teacher_predictions", "source_id",
                 "dataset_sha256", "query_hash", "ledger_mechanism"} & set(f.files)
-    assert bool(f["seeded"]) and int(f["insecure_seed"]) == 1
+    assert bool(f["seeded"]) and "insecure_seed" not in f.files   # the seed would undo the noise
     x = np.load(workdir / "public.npz")["x"]
     rows = releases(tmp_path / "l.db")
     if mech in SESSIONS:     # one session: one ledger entry for all Q labels, the whole budget

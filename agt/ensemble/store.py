@@ -1,134 +1,25 @@
-"""Subsample-and-aggregate ensembles (AGT Sec. 5.2): partition, train T teachers with AGT,
-store them, load and validate them, and certify queries against all of them.
-
-Partition rule ("index-mod-T"): training record i (its row in the training split) goes to
-teacher i mod T; teacher t sees its records in index order. The rule depends on the record
-index and T only, so replacing record i changes the data of teacher i mod T and of no other
-teacher (same records, same sizes, same seeds: the other teachers' bundles are bit-identical).
-Adding or removing a record shifts every later index, so an ensemble certifies the
-*replace-one* relation only, whatever its teachers certify on their own parts.
-
-Seeds: teacher t trains with the config's seed + t (init and batch order); nothing else
-differs between teachers. Every teacher uses the same k grid in one AGT pass, so each
-k_max must be smaller than every teacher's batch, min(batch_size, floor(n / T)).
-
-Storage: a directory with one bounds bundle per teacher (``teacher_000.h5``, ...; the
-format of agt/store.py) and ``manifest.json``::
-
-    {"format": "agt-ensemble", "format_version": 1, "n_teachers": T,
-     "partition": {"rule": "index-mod-T", "n_train": n, "sizes": [...]},
-     "seed_rule": "config seed + teacher index",
-     "teachers": [{"index": t, "file": "teacher_000.h5", "seed": s, "n_train": n_t,
-                   "dataset_sha256": ..., "bundle_id": ..., "relations": [...],
-                   "seconds": ...}, ...],
-     "k_values": [...], "relations": ["replace-one"], "config": {...},
-     "dataset_sha256": <sha of the whole training split>, "created": ..., "agt_version": ...}
-
-Teacher bundles certify replace-one only (whatever their own training would allow: adding a
-record to the whole dataset shifts the partition) and name their parent ensemble (its
-dataset hash, T, the teacher's index), so a teacher used on its own spends the privacy of the
-whole training split.
-
-`read_ensemble` checks the manifest and every bundle against it and reports all problems in
-one `BundleError`. `EnsembleCertifier` returns, per query, every teacher's vote and
-stability radius (owner-only); vote counting, the ensemble answer and the ensemble radius
-(AGT Thm 5.3) live in mechanisms/ensemble.py beside their proofs.
-"""
+"""The stored ensemble: a directory of teacher bundles (agt/store.py format) and
+``manifest.json`` (layout in agt/ensemble/__init__.py), written atomically and read back with
+every structural problem reported in one BundleError."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import re
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from tqdm.auto import tqdm
-
-from agt.version import __version__
-from agt.certify import Certifier
-from agt.config import TrainConfig
-from agt.data import Dataset, validate_dataset
+from agt.ensemble.partition import ENSEMBLE_RELATIONS, PARTITION_RULE, part_sizes, teacher_parent
 from agt.errors import BundleError, ConfigError
 from agt.io import atomic_directory
-from agt.store import Bundle, from_result, read_bundle, write_bundle
-from agt.training import REPLACE, train
+from agt.store import Bundle, read_bundle, write_bundle
 
 FORMAT = "agt-ensemble"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-PARTITION_RULE = "index-mod-T"
-SEED_RULE = "config seed + teacher index"
-ENSEMBLE_RELATIONS = (REPLACE,)
 
-
-# ------------------------------------------------------------------------------------------
-# Partition
-
-def teacher_of(index: int | np.ndarray, n_teachers: int) -> int | np.ndarray:
-    """The teacher that trains on training record `index`: index mod T."""
-    return index % n_teachers
-
-
-def part_sizes(n_train: int, n_teachers: int) -> list[int]:
-    """Records per teacher under index-mod-T: ceil((n - t) / T) for teacher t."""
-    return [(n_train - t + n_teachers - 1) // n_teachers for t in range(n_teachers)]
-
-
-def partition_indices(n_train: int, n_teachers: int) -> list[np.ndarray]:
-    """Record indices of each teacher's part, ascending (disjoint, covering 0..n-1)."""
-    _check_count(n_teachers, n_train)
-    return [np.arange(t, n_train, n_teachers, dtype=np.int64) for t in range(n_teachers)]
-
-
-def teacher_seed(base_seed: int, t: int) -> int:
-    return int(base_seed) + int(t)
-
-
-def teacher_dataset(ds: Dataset, t: int, n_teachers: int) -> Dataset:
-    """Teacher t's training data (records i with i mod T == t, in index order); the test
-    split is kept for evaluation."""
-    idx = partition_indices(ds.n_train, n_teachers)[t]
-    meta = {"ensemble_parent": ds.name, "teacher": t, "n_teachers": n_teachers,
-            "partition": PARTITION_RULE}
-    return Dataset(f"{ds.name}[teacher {t}/{n_teachers}]",
-                   np.ascontiguousarray(ds.x_train[idx]), np.ascontiguousarray(ds.y_train[idx]),
-                   ds.x_test, ds.y_test, ds.n_classes, meta)
-
-
-def teacher_parent(dataset_sha256: str, n_teachers: int, teacher: int) -> dict:
-    """The record a teacher bundle keeps of its ensemble."""
-    return {"dataset_sha256": dataset_sha256, "n_teachers": int(n_teachers),
-            "teacher": int(teacher), "partition": PARTITION_RULE}
-
-
-def _check_count(n_teachers: object, n_train: int) -> None:
-    if isinstance(n_teachers, bool) or not isinstance(n_teachers, (int, np.integer)) \
-            or n_teachers < 1:
-        raise ConfigError(f"the number of teachers T must be an integer >= 1, got {n_teachers!r}")
-    if n_teachers > n_train:
-        raise ConfigError(f"T = {n_teachers} teachers need at least one record each, but the "
-                          f"training split has {n_train} records; use T <= {n_train}")
-
-
-def check_ensemble_plan(cfg: TrainConfig, n_train: int, n_teachers: int) -> None:
-    """Raise ConfigError if some teacher could not run the k grid (k must stay below its
-    batch size): checked before any teacher is trained."""
-    _check_count(n_teachers, n_train)
-    smallest = min(part_sizes(n_train, n_teachers))
-    batch = cfg.batch_for(smallest)
-    cfg.k_values.require_below(
-        batch, "every teacher's batch size",
-        f" (T = {n_teachers} parts of {n_train} records have {smallest} records at least, "
-        f"batch_size {cfg.batch_size}; or use fewer teachers)")
-
-
-# ------------------------------------------------------------------------------------------
-# The stored ensemble
 
 @dataclass
 class Ensemble:
@@ -171,45 +62,6 @@ class Ensemble:
     @property
     def training_seconds(self) -> list[float]:
         return [float(e.get("seconds", float("nan"))) for e in self.manifest["teachers"]]
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def train_ensemble(cfg: TrainConfig, ds: Dataset, n_teachers: int, *,
-                   progress: bool = False) -> Ensemble:
-    """Train T teachers with AGT on the index-mod-T parts of ``ds`` (one pass each over the
-    config's k grid). Returns the ensemble in memory (``path`` None); see `write_ensemble`."""
-    validate_dataset(ds)
-    check_ensemble_plan(cfg, ds.n_train, n_teachers)
-    entries, bundles = [], []
-    bar = tqdm(range(n_teachers), desc=f"AGT teachers (T={n_teachers})", unit="teacher",
-               disable=not progress)
-    dataset_sha = ds.sha256()
-    for t in bar:
-        seed = teacher_seed(cfg.seed, t)
-        tds = teacher_dataset(ds, t, n_teachers)
-        result = train(cfg.replace(seed=seed), tds)
-        bundle = from_result(result, parent=teacher_parent(dataset_sha, n_teachers, t))
-        bundle.relations = ENSEMBLE_RELATIONS
-        bundles.append(bundle)
-        entries.append({"index": t, "file": f"teacher_{t:03d}.h5", "seed": seed,
-                        "n_train": bundle.n_train, "dataset_sha256": bundle.dataset_sha256,
-                        "bundle_id": bundle.bundle_id, "relations": list(bundle.relations),
-                        "seconds": round(result.seconds, 6)})
-    bar.close()
-    relations = list(ENSEMBLE_RELATIONS)
-    manifest = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "n_teachers": n_teachers,
-        "partition": {"rule": PARTITION_RULE, "n_train": ds.n_train,
-                      "sizes": part_sizes(ds.n_train, n_teachers)},
-        "seed_rule": SEED_RULE, "teachers": entries, "k_values": list(cfg.k_values),
-        "relations": relations, "config": cfg.to_json_dict(),
-        "dataset_sha256": dataset_sha, "n_classes": int(ds.n_classes), "dataset": ds.name,
-        "created": _now(), "agt_version": __version__,
-    }
-    return Ensemble(None, manifest, bundles)
 
 
 def _replaceable(path: Path) -> bool:
@@ -400,65 +252,3 @@ def read_ensemble(path: str | Path) -> Ensemble:
 
 def is_ensemble_dir(path: str | Path) -> bool:
     return Path(path).is_dir() and (Path(path) / MANIFEST).is_file()
-
-
-# ------------------------------------------------------------------------------------------
-# Certification
-
-@dataclass(frozen=True)
-class EnsembleCertificate:
-    """Per-query certification of an ensemble (Q queries, T teachers), owner-only.
-
-    teacher_predictions / teacher_radii / teacher_max_k: (Q, T) nominal votes, stability
-    radii (grid index, -1 where k = 0 does not certify) and largest certified k of every
-    teacher. Votes, the ensemble answer and the ensemble radius are computed from these by
-    mechanisms/ensemble.py; the provenance fields are those of `agt.certify.Certificate`.
-    """
-
-    teacher_predictions: np.ndarray
-    teacher_radii: np.ndarray | None
-    teacher_max_k: np.ndarray | None
-    k_values: tuple[int, ...]
-    contiguous: bool
-    n_classes: int = 2
-    source_id: str = ""
-    dataset_sha256: str = ""
-    relations: tuple[str, ...] = ENSEMBLE_RELATIONS
-    smooth_radii: bool = True
-    selection: str = "exact"
-    extra: dict = field(default_factory=dict, compare=False)
-
-    @property
-    def n_teachers(self) -> int:
-        return int(self.teacher_predictions.shape[1])
-
-
-class EnsembleCertifier:
-    """Certify queries against every teacher (agt/certify.py)."""
-
-    def __init__(self, ensemble: Ensemble, device: str = "cpu"):
-        self.ensemble = ensemble
-        self.certifiers = [Certifier(b, device=device) for b in ensemble.bundles]
-
-    def predict_teachers(self, x) -> np.ndarray:
-        """(Q, T) nominal votes (no certification)."""
-        return np.stack([c.predict(x) for c in self.certifiers], axis=1).astype(np.int64)
-
-    def certify(self, x, radii: bool = True) -> EnsembleCertificate:
-        """Every teacher's certificate; ``radii=False``: votes only (radii None)."""
-        t0 = time.perf_counter()
-        certs = [c.certify(x, radii=radii) for c in self.certifiers]
-        ens = self.ensemble
-
-        def stack(field):
-            if not radii:
-                return None
-            return np.stack([getattr(c, field) for c in certs], axis=1).astype(np.int64)
-
-        return EnsembleCertificate(
-            np.stack([c.prediction for c in certs], axis=1).astype(np.int64),
-            stack("radius"), stack("max_certified_k"),
-            certs[0].k_values, certs[0].contiguous, ens.spec.n_classes, ens.ensemble_id,
-            ens.manifest["dataset_sha256"], tuple(ens.relations),
-            all(c.smooth_radii for c in certs), certs[0].selection,
-            {"seconds": time.perf_counter() - t0})
