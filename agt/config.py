@@ -68,8 +68,8 @@ class DataSpec:
         if isinstance(value, str):
             return DataSpec(value, {})
         if not isinstance(value, dict) or "name" not in value:
-            problems.add("data must be a mapping with a 'name' (blobs, npz, octmnist, imdb) and "
-                         "its options, e.g. {name: blobs}")
+            problems.add("data must be a mapping with a 'name' (blobs, npz, octmnist, imdb, "
+                         "digits, mnist) and its options, e.g. {name: blobs}")
             return None
         return DataSpec(str(value["name"]), {k: v for k, v in value.items() if k != "name"})
 
