@@ -18,6 +18,17 @@ turns certificates into private labels through its ledger.
     out.labels, out.guarantee                         # what may be published
 """
 
+import sys as _sys
+
+from agt.threads import passive_wait as _passive_wait
+
+# OpenMP reads OMP_WAIT_POLICY once, when torch loads it. Spinning waits made small tensor
+# operations 10-60x slower next to other busy processes on 2 cores (agt/threads.py,
+# benchmarks/bench_threads.py), so unless the user chose a policy, agt asks for passive
+# waits -- effective only when agt is imported before torch (the command line always is).
+if "torch" not in _sys.modules:
+    _passive_wait()
+
 from agt.version import __version__  # noqa: E402,F401
 
 from agt.certify import Certificate, Certifier  # noqa: E402

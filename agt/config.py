@@ -36,6 +36,15 @@ SELECTIONS = ("exact", "threshold")
 #: selection rules whose boxes provably nest (box(D', k-1) inside box(D, k)): their radii
 #: satisfy r(D') >= r(D) - 1 and may feed smooth-sensitivity releases (agt/topk.py)
 SMOOTH_SELECTIONS = ("exact",)
+#: how the k = 0 box is formed (agt/training.py, `served_k0_box`): "served-k0" stores the
+#: served (nominal) parameters themselves as the k = 0 box, "interval" the paper's interval
+#: box widened for the rounding gap between float training and exact arithmetic. Boxes for
+#: k >= 1 are the same interval boxes under both.
+BOUND_METHODS = ("served-k0", "interval")
+#: bound methods whose radii satisfy r(D') >= r(D) - 1 with a smooth selection rule (both:
+#: agt/training.py, `served_k0_box`, proves it for served-k0)
+SMOOTH_BOUND_METHODS = ("served-k0", "interval")
+DEFAULT_BOUND_METHOD = "served-k0"
 FULL = "full"
 MAX_SEED = 2**32
 MAX_EPOCHS = 100_000
@@ -59,8 +68,8 @@ class DataSpec:
         if isinstance(value, str):
             return DataSpec(value, {})
         if not isinstance(value, dict) or "name" not in value:
-            problems.add("data must be a mapping with a 'name' (blobs, npz, octmnist, imdb) and "
-                         "its options, e.g. {name: blobs}")
+            problems.add("data must be a mapping with a 'name' (blobs, npz, octmnist, imdb, "
+                         "digits, mnist) and its options, e.g. {name: blobs}")
             return None
         return DataSpec(str(value["name"]), {k: v for k, v in value.items() if k != "name"})
 
@@ -89,6 +98,7 @@ class TrainConfig:
     frozen_layers: int = 0
     pretrained: str | None = None
     selection: str = "exact"
+    bound_method: str = DEFAULT_BOUND_METHOD
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------------------
@@ -250,6 +260,7 @@ def config_from_dict(raw: Any) -> TrainConfig:
     device = r.choice("device", "auto", DEVICES)
     dtype = r.choice("dtype", "float64", DTYPES)
     selection = r.choice("selection", "exact", SELECTIONS)
+    bound_method = r.choice("bound_method", DEFAULT_BOUND_METHOD, BOUND_METHODS)
     problems.raise_if_any()
     clean = dict(raw)
     clean["k_values"] = list(k_grid)
@@ -259,7 +270,7 @@ def config_from_dict(raw: Any) -> TrainConfig:
         nesterov=nesterov, l2_reg=l2, n_epochs=epochs, batch_size=batch, clip_gamma=gamma_,
         seed=seed, k_values=k_grid, fragment_size=fragment, device=device, dtype=dtype,
         frozen_layers=model.frozen_layers, pretrained=pretrained, selection=selection,
-        raw=clean)
+        bound_method=bound_method, raw=clean)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from agt.version import __version__
+from agt.config import BOUND_METHODS, SMOOTH_BOUND_METHODS
 from agt.errors import BundleError, ConfigError
 from agt.io import atomic_write
 from agt.kgrid import KGrid
@@ -53,6 +54,8 @@ ROUNDING_NOTE = ("float64 bounds widened outward by a-priori rounding-error boun
 RELATIONS = ("replace-one", "add-remove")
 SELECTIONS = ("exact", "threshold")
 SMOOTH_SELECTIONS = ("exact",)
+#: what a bundle written before the bound_method attribute existed used
+LEGACY_BOUND_METHOD = "interval"
 _STRING_ATTRS = ("format", "config", "model", "dataset_sha256", "created", "agt_version",
                  "relations", "dtype", "bound_dtype", "rounding", "selection", "parent",
                  "content_sha256")
@@ -78,6 +81,7 @@ class Bundle:
     agt_version: str = __version__
     selection: str = "exact"
     parent: dict | None = field(default=None)
+    bound_method: str = LEGACY_BOUND_METHOD
 
     @property
     def bundle_id(self) -> str:
@@ -95,8 +99,9 @@ class Bundle:
     @property
     def smooth_radii(self) -> bool:
         """Whether radii from these bounds satisfy r(D') >= r(D) - 1 (a nesting proof
-        exists for the selection rule that computed them)."""
-        return self.selection in SMOOTH_SELECTIONS
+        exists for the selection rule and the bound method that computed them)."""
+        return self.selection in SMOOTH_SELECTIONS and \
+            self.bound_method in SMOOTH_BOUND_METHODS
 
     @property
     def protected_dataset_sha256(self) -> str:
@@ -120,7 +125,8 @@ def from_result(result, parent: dict | None = None) -> Bundle:
                   result.order, tuple(result.relations), result.dataset_sha256,
                   result.config.dtype, result.n_train,
                   _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                  selection=result.config.selection, parent=parent)
+                  selection=result.config.selection, parent=parent,
+                  bound_method=result.config.bound_method)
 
 
 def _attrs(bundle: Bundle) -> dict[str, Any]:
@@ -134,6 +140,7 @@ def _attrs(bundle: Bundle) -> dict[str, Any]:
         "dtype": bundle.dtype, "n_train": int(bundle.n_train), "bound_dtype": "float64",
         "rounding": ROUNDING_NOTE, "selection": bundle.selection,
         "parent": json.dumps(bundle.parent, sort_keys=True),
+        "bound_method": bundle.bound_method,
     }
 
 
@@ -216,6 +223,14 @@ def _read_attrs(f, where) -> dict[str, Any]:
             else:
                 value = arr.astype(np.int64)
         out[key] = value
+    # optional (absent from bundles written before it existed: LEGACY_BOUND_METHOD)
+    if "bound_method" in f.attrs:
+        value = f.attrs["bound_method"]
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        if not isinstance(value, str):
+            problems.append("root attribute 'bound_method' must be a string")
+        out["bound_method"] = value
     if problems:
         raise BundleError(f"{where}: " + "; ".join(problems))
     return out
@@ -246,6 +261,9 @@ def _parse_meta(attrs: dict[str, Any], where) -> dict[str, Any]:
         problems.append(f"dtype must be float32 or float64, got {attrs['dtype']!r}")
     if attrs["selection"] not in SELECTIONS:
         problems.append(f"selection must be one of {SELECTIONS}, got {attrs['selection']!r}")
+    if attrs.get("bound_method", LEGACY_BOUND_METHOD) not in BOUND_METHODS:
+        problems.append(f"bound_method must be one of {BOUND_METHODS}, got "
+                        f"{attrs['bound_method']!r}")
     k = attrs["k_values"]
     if len(k) == 0 or k[0] != 0 or np.any(np.diff(k) <= 0):
         problems.append("k_values must be unique, ascending and start at 0")
@@ -326,7 +344,8 @@ def _read(path: Path) -> Bundle:
                               f"permutation of the record indices")
     bundle = Bundle(path, spec, meta["config"], meta["k_values"], init, nominal, lower, upper,
                     order, meta["relations"], attrs["dataset_sha256"], attrs["dtype"], n_train,
-                    attrs["created"], attrs["agt_version"], attrs["selection"], meta["parent"])
+                    attrs["created"], attrs["agt_version"], attrs["selection"], meta["parent"],
+                    attrs.get("bound_method", LEGACY_BOUND_METHOD))
     recomputed = _content_hash({k: v for k, v in attrs.items() if k != "content_sha256"},
                                _datasets(bundle))
     if recomputed != attrs["content_sha256"]:

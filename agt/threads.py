@@ -25,9 +25,10 @@ times the number of workers must fit in the cores this process may run on
 which numbers to change otherwise, for explicit counts and OMP_NUM_THREADS alike, rather
 than silently running with another count (which could change the bounds).
 
-``OMP_WAIT_POLICY=PASSIVE`` (`passive_wait`) must be in the environment before torch loads
-OpenMP; the command line sets it first thing (a user's setting wins), and worker processes
-inherit it (`worker_environment`).
+``OMP_WAIT_POLICY=PASSIVE`` must be in the environment before torch loads OpenMP:
+``import agt`` sets it when torch is not loaded yet (agt/__init__.py; the command line
+always imports agt first; a user's setting wins), and worker processes inherit it
+(`worker_environment`).
 
 Nothing here imports torch at module level, so `passive_wait` can run before torch loads.
 """

@@ -15,6 +15,10 @@ consecutive batches of ``batch_size`` (the last one may be smaller); ``batch_siz
 makes every epoch one batch of all n records, whatever n is. The order each epoch used is
 stored in the bundle (``/order``).
 
+Bound method (config ``bound_method``): "served-k0" (default) stores the served parameters
+themselves as the k = 0 box (`served_k0_box`: valid, nested and smooth); "interval" keeps
+the paper's interval box at k = 0 too. Boxes of k >= 1 are the same under both.
+
 Neighbouring relations certified. Batches are a function of the record index, so replacing
 up to k records keeps every batch slot: every bundle certifies ``replace-one``. When every
 dataset within distance max(k) is trained as one batch per epoch (``batch_size: full``, or
@@ -354,8 +358,66 @@ class _Trainer:
                 else:  # frozen: exact
                     v = value.to(BOUND_DTYPE).unsqueeze(0).expand(K, *value.shape)
                     lower[name], upper[name] = v.clone(), v.clone()
+            if cfg.bound_method == "served-k0":
+                lower, upper = served_k0_box(k_list, nominal, lower, upper)
         return TrainResult(cfg, self.spec, k_list, self.init, nominal, lower, upper, orders,
                            self.relations, ds_sha, self.n, time.perf_counter() - t_start)
+
+
+def served_k0_box(k_values: tuple[int, ...], nominal: dict[str, torch.Tensor],
+                  lower: dict[str, torch.Tensor], upper: dict[str, torch.Tensor]):
+    """The k = 0 box of bound method "served-k0": the served parameters themselves.
+
+    Returns new (lower, upper) dicts whose grid entry k = 0 is [theta_f, theta_f], theta_f =
+    ``nominal`` (the parameters the nominal training rule computed in the nominal dtype on
+    this run: what the bundle stores under /nominal and serves); the entries k >= 1 are the
+    interval boxes, unchanged. Exact: theta_f is float32 or float64 and the bounds float64.
+
+    Why. The interval method's k = 0 box contains, besides theta_f, the exact-arithmetic
+    training run on D, so its width is the float rounding of every step amplified by the
+    interval wrapping effect; after 10 full-batch float32 steps it is wide enough to make
+    most k = 0 certificates fail although nothing about the data is uncertain (issue 12:
+    rounding masquerading as instability).
+
+    Soundness (validity, Def. 4.3). The only dataset within distance 0 of D is D, and the
+    only model trained on D that is ever served or released is theta_f (readers refuse a
+    served model whose parameters differ from /nominal). So {theta_f} is valid at k = 0.
+    The exact-arithmetic run, or a re-run of the nominal rule with another summation order
+    (another device or thread count), is not served; it is still contained in every box of
+    k >= 1, since those contain every float evaluation of training on every dataset within
+    distance k, D itself included.
+
+    Nesting in k. theta_f lies in every k-box (checked after every step by
+    `_check_contains` and on load by `agt.store.validate_bundle`), so box(D, 0) is inside
+    box(D, k) for every k: the boxes stay nested and certification stays monotone in k.
+
+    Smoothness (r(D') >= r(D) - 1 for neighbours D, D' under the certified relation, r the
+    grid-index radius, with a smooth selection rule). r(D) <= 0: r(D') >= -1 always holds.
+    r(D) = j >= 2: the certificate of D at g_j is decided on box(D, g_j), a box of k >= 1,
+    and the nesting argument of the interval method (box(D', g_{j-1}) inside box(D, g_j),
+    agt/topk.py) involves boxes of k >= 1 only, which this method leaves unchanged.
+    r(D) = 1: box(D, g_1) (g_1 >= 1) certifies the served class c of D. It is valid at
+    distance 1, so it contains theta_f(D'), the served parameters of D' (float runs
+    included, see above), and the certifier's interval evaluation over a point inside a box
+    is at least as decisive as over the box (inclusion isotonicity of interval arithmetic,
+    the same property the interval method's nesting proof rests on). So the point box
+    {theta_f(D')} certifies, and the class it certifies is the class theta_f(D') serves,
+    which is c: r(D') >= 0 = r(D) - 1. In the k = 0 grid entry the two methods differ only
+    by the k = 0 box shrinking to a point inside the interval k = 0 box, so every k = 0
+    certificate of the interval method is one of this method as well. QED
+    """
+    if not k_values or k_values[0] != 0:
+        raise ConfigError("the k grid must start at 0 (agt/kgrid.py)")
+    lower = {n: t.clone() for n, t in lower.items()}
+    upper = {n: t.clone() for n, t in upper.items()}
+    for name, value in nominal.items():
+        point = value.detach().to(lower[name].device, BOUND_DTYPE)
+        if not torch.equal(point.to(value.dtype), value.to(point.device)):
+            raise SoundnessError(f"internal: the served parameters '{name}' are not exactly "
+                                 f"representable in the bound dtype; refusing the k = 0 box")
+        lower[name][0] = point
+        upper[name][0] = point
+    return lower, upper
 
 
 def check_labels(ds: Dataset, n_classes: int) -> None:

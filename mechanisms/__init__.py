@@ -12,6 +12,7 @@ predictions into released labels is `Ledger.release(mechanism, inputs)`:
   ensemble.py     lnmax, ens-ss-*, ens-ptr*, ens-ptr-gs, df-exp*: releases over votes
   radius.py       exp-radius, ptr, svt (and ens-*): spend the radius, any number of classes
   convex.py       model-sens, pred-sens (+ Gaussian): linear models with a sensitivity bound
+  loss_perturbation.py  loss-pert (+ Gaussian): draws B, the owner's solver trains on it
   guarantee.py    Guarantee (eps, delta, relation) and relation conversion
   accounting.py   composition (standard, advanced, tight PLD), its inverse, query plans
   ledger.py       the ledger bound to one dataset and one relation: check, record, draw
@@ -22,7 +23,7 @@ under its own relation (converting add-remove ones to replace-one by group priva
 """
 
 from mechanisms.base import MECHANISMS, REFUSED, Mechanism, make_mechanism, mechanism_names
-from mechanisms import global_sens, smooth, ensemble, radius, convex  # noqa: F401  (registers)
+from mechanisms import global_sens, smooth, ensemble, radius, convex, loss_perturbation  # noqa: F401,E501  (registers)
 from mechanisms.guarantee import ADD_REMOVE, RELATIONS, REPLACE_ONE, Guarantee
 from mechanisms.inputs import Certified, Source, Votes
 from mechanisms.ledger import Ledger, LedgerEntry, Release, default_ledger_path, hash_query

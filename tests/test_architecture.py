@@ -106,7 +106,8 @@ NOISE_CALLS = {"laplace", "standard_cauchy", "cauchy", "gumbel", "exponential", 
                "standard_normal", "choice", "random", "integers", "uniform", "gamma",
                "standard_exponential", "standard_gamma", "multivariate_normal"}
 NOISE_MODULES = {"mechanisms.global_sens", "mechanisms.smooth", "mechanisms.ensemble",
-                 "mechanisms.noise", "mechanisms.radius", "mechanisms.convex"}
+                 "mechanisms.noise", "mechanisms.radius", "mechanisms.convex",
+                 "mechanisms.loss_perturbation"}
 
 
 def _calls(module: str):

@@ -129,7 +129,7 @@ def add_release_options(p, out_help: str, accountant_help: str) -> None:
                    help="neighbouring relation of a new ledger (default replace-one)")
     p.add_argument("--insecure-seed", type=non_negative_int, metavar="N",
                    help="EXPERIMENTS ONLY: seed the noise (anyone who knows N can remove it); "
-                        "recorded in the ledger and the output")
+                        "recorded in the ledger; the output says only that the noise was seeded")
     p.add_argument("--out", required=True, type=non_empty, help=out_help)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     add_mechanism_options(p)

@@ -22,7 +22,7 @@ def run(args) -> int:
         print(f"  teacher {b.parent['teacher']} of {b.parent['n_teachers']} "
               f"({b.parent['partition']}) of dataset {b.parent['dataset_sha256']}")
     print(f"  relations: {', '.join(b.relations)}")
-    print(f"  selection: {b.selection} ({'nesting proof: radii are smooth' if b.smooth_radii else 'no nesting proof: radii may not feed smooth releases'})")
+    print(f"  selection: {b.selection}, bound_method: {b.bound_method} ({'nesting proof: radii are smooth' if b.smooth_radii else 'no nesting proof: radii may not feed smooth releases'})")
     print(f"  k_values: {b.k_grid.describe()}")
     print(f"  model: {b.spec.to_json()}")
     cfg = b.config

@@ -6,9 +6,9 @@ argparse's one-line usage errors (also exit 2). SIGTERM (what `timeout` and batc
 send) is handled like Ctrl-C: temporary files are removed and the exit status is 130
 (143 for SIGTERM). A closed stdout (``agt inspect b.h5 | head``) ends the command quietly.
 
-Before any command loads torch, OMP_WAIT_POLICY defaults to PASSIVE (agt/threads.py: spinning
-OpenMP threads make small tensor ops many times slower next to another busy process); a
-user's setting wins.
+OMP_WAIT_POLICY defaults to PASSIVE, set by ``import agt`` before torch loads (agt/threads.py:
+spinning OpenMP threads make small tensor ops many times slower next to another busy
+process); a user's setting wins.
 """
 
 from __future__ import annotations
@@ -43,9 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from agt.threads import passive_wait
-
-    passive_wait()
     parser = build_parser()
     args = parser.parse_args(argv)
     previous = signal.getsignal(signal.SIGTERM)

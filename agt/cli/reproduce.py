@@ -1,4 +1,4 @@
-"""``agt reproduce blobs|octmnist|imdb``: run the paper's experiments for one dataset.
+"""``agt reproduce blobs|octmnist|imdb|tradeoffs``: run the paper's experiments for one dataset.
 
     agt reproduce DATASET [--quick] [--data-dir DIR] [--out artifacts] [--only EXP,...]
                           [--seed N] [--plan FILE] [--device cpu|cuda] [--workers N]
@@ -9,15 +9,22 @@ Writes ``<out>/<DATASET>/<experiment>/`` (results.json, PNG plots, table.md) and
 stdout. The experiments and their settings are in experiments/ and
 configs/experiments/<DATASET>.yaml. The artifacts are research outputs for the model owner
 (accuracies, radii, bound statistics of models trained on the data): they are not private
-releases; every simulated release inside them went through an in-memory ledger. OctMNIST and IMDB read their files from --data-dir (a
-missing file is a one-line error saying how to obtain it).
+releases; every simulated release inside them went through an in-memory ledger. OctMNIST
+and IMDB read their files from --data-dir (a missing file is a one-line error saying how to
+obtain it).
+
+``agt reproduce tradeoffs [--quick]`` runs the trade-off study of van der Maaten & Hannun on
+scikit-learn's digits (experiments/tradeoffs.py, configs/experiments/tradeoffs.yaml; needs
+scikit-learn) and writes ``<out>/tradeoffs/`` (``<out>/tradeoffs-quick/`` with --quick):
+results.json, summary.md and the figures; --only, --seed, --data-dir and --workers do not
+apply to it (--threads does; default 1 thread: its problems are small).
 """
 
 from __future__ import annotations
 
 from agt.cli.format import non_negative_int, positive_int
 
-DATASETS = ("blobs", "octmnist", "imdb")
+DATASETS = ("blobs", "octmnist", "imdb", "tradeoffs")
 
 
 def add_parser(sub) -> None:
@@ -58,6 +65,8 @@ def run(args) -> int:
     # refuse workers x threads beyond the cores before any experiment runs
     plan_execution(args.workers, workers=args.workers, threads=args.threads,
                    default_threads=TEACHER_THREADS)
+    if args.dataset == "tradeoffs":
+        return _run_tradeoffs(args)
 
     only = None
     if args.only is not None:
@@ -75,4 +84,24 @@ def run(args) -> int:
     total = outcomes[-1]
     print(summary_table(args.dataset, outcomes[:-1], total.seconds, args.quick))
     print(f"\nartifacts: {total.headline.removeprefix('wrote ')}")
+    return 0
+
+
+def _run_tradeoffs(args) -> int:
+    from pathlib import Path
+
+    from agt.errors import ConfigError
+    from experiments.tradeoffs import load_settings, run_study
+
+    if args.only is not None or args.seed is not None or args.data_dir is not None:
+        raise ConfigError("agt reproduce tradeoffs takes no --only, --seed or --data-dir "
+                          "(its seeds and data are in configs/experiments/tradeoffs.yaml)")
+    settings = load_settings(args.plan, quick=args.quick)
+    out = Path(args.out) / ("tradeoffs-quick" if args.quick else "tradeoffs")
+    results = run_study(settings, out, quick=args.quick, progress=not args.quiet,
+                        threads=args.threads)
+    print((out / "summary.md").read_text())
+    t = results["timing"]
+    print(f"artifacts: {out} ({t['total_seconds']:.1f} s: training {t['training_seconds']:.1f}"
+          f" s, releasing {t['releasing_seconds']:.1f} s)")
     return 0

@@ -174,8 +174,7 @@ def run(args) -> int:
         "split": np.asarray(args.split), "seeded": np.bool_(released.seeded),
         "guarantee_per_query": np.bool_(released.per_query),
     }
-    if args.insecure_seed is not None:
-        arrays["insecure_seed"] = np.int64(args.insecure_seed)
+    # the seed itself stays in the ledger (owner-side): whoever knows it can remove the noise
 
     def write(p: Path) -> None:
         with open(p, "wb") as fh:

@@ -105,7 +105,8 @@ def _single(args, cfg, ds, out: Path) -> int:
     write_bundle(bundle, out)
     print(f"trained {ds.name}: n={ds.n_train}, {len(result.k_values)} k values "
           f"({result.k_values[0]}..{result.k_values[-1]}), relations "
-          f"{', '.join(result.relations)}; selection {bundle.selection}")
+          f"{', '.join(result.relations)}; selection {bundle.selection}, bound_method "
+          f"{bundle.bound_method}")
     print(f"time: {result.seconds:.2f} s training, {time.perf_counter() - t0:.2f} s total")
     print(f"bundle: {out}")
     if ds.x_test is not None and len(ds.x_test):

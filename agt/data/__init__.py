@@ -15,6 +15,7 @@ deterministic function of the option `seed`.
   npz.py       generic .npz training files and query files
   octmnist.py  MedMNIST OctMNIST (private set and public pre-training split)
   imdb.py      IMDB review embeddings (GPT-2, 768-d; embed_imdb.py makes them)
+  digits.py    scikit-learn's 8 x 8 digits (optional dependency) and MNIST .npz archives
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Callable, Mapping
 
 from agt.data.blobs import blobs_features, load_blobs
 from agt.data.dataset import Dataset, validate_dataset
+from agt.data.digits import MNIST_FILENAME, load_digits_dataset, load_mnist
 from agt.data.imdb import IMDB_FILENAME, load_imdb
 from agt.data.npz import load_npz, load_npz_queries
 from agt.data.octmnist import (OCTMNIST_CLASS_NAMES, OCTMNIST_FILENAME, load_octmnist,
@@ -33,7 +35,7 @@ from agt.errors import ConfigError
 __all__ = [
     "Dataset", "validate_dataset", "load_dataset", "blobs_features", "octmnist_public_split",
     "load_npz_queries", "DATASET_NAMES", "OCTMNIST_FILENAME", "IMDB_FILENAME",
-    "OCTMNIST_CLASS_NAMES",
+    "OCTMNIST_CLASS_NAMES", "MNIST_FILENAME",
 ]
 
 _LOADERS: dict[str, Callable[[Mapping[str, Any] | None, Path | None], Dataset]] = {
@@ -41,13 +43,15 @@ _LOADERS: dict[str, Callable[[Mapping[str, Any] | None, Path | None], Dataset]] 
     "npz": load_npz,
     "octmnist": load_octmnist,
     "imdb": load_imdb,
+    "digits": load_digits_dataset,
+    "mnist": load_mnist,
 }
 DATASET_NAMES = tuple(_LOADERS)
 
 
 def load_dataset(name: str, options: Mapping[str, Any] | None = None,
                  base_dir: Path | None = None) -> Dataset:
-    """Load dataset `name` (blobs, npz, octmnist, imdb) with its `options`.
+    """Load dataset `name` (blobs, npz, octmnist, imdb, digits, mnist) with its `options`.
 
     Relative paths in the options are resolved against `base_dir` (e.g. the config file's
     folder) when given, else against the working directory. The result is validated.

@@ -111,6 +111,9 @@ def falsify(cfg, ds, kinds, trials_per_k, seed=0):
     n_trials = 0
     for j, k in enumerate(res.k_values):
         if k == 0:
+            # the only dataset at distance 0 is D: its retraining must land in box(D, 0)
+            ok, msg = inside(train_nominal(cfg, ds), res.lower, res.upper, j)
+            assert ok, f"retraining on D itself left the k = 0 box: {msg}"
             continue
         for t in range(trials_per_k):
             kind = kinds[t % len(kinds)]

@@ -7,6 +7,7 @@ end cleanly."""
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -372,11 +373,16 @@ def test_sigterm_during_training_leaves_nothing(tmp_path):
     slow = CONFIG.replace('k_values: "0..5"', 'k_values: "0..20"').replace(
         "n_samples: 400", "n_samples: 20000").replace("n_epochs: 2", "n_epochs: 400")
     (tmp_path / "c.yaml").write_text(slow)
-    proc = _cli("train", "--config", tmp_path / "c.yaml", "--out", tmp_path / "o" / "b.h5",
-                "--quiet")
-    time.sleep(4.0)
+    proc = _cli("train", "--config", tmp_path / "c.yaml", "--out", tmp_path / "o" / "b.h5")
+    # wait for the progress bar (training has started: past the imports, which a signal may
+    # still interrupt with the default action on a loaded machine), then a moment longer
+    ready, _, _ = select.select([proc.stderr], [], [], 120)
+    assert ready, "agt train printed nothing in 120 s"
+    first = os.read(proc.stderr.fileno(), 4096).decode(errors="replace")
+    time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
+    err = first + err
     assert proc.returncode == 143 and "terminated" in err and "Traceback" not in err
     left = list((tmp_path / "o").glob("*")) if (tmp_path / "o").exists() else []
     assert left == []

@@ -1,0 +1,72 @@
+"""Certify queries against every teacher of an ensemble (owner-only votes and radii; the
+vote arithmetic and the ensemble radius live in mechanisms/ensemble.py)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agt.certify import Certifier
+from agt.ensemble.partition import ENSEMBLE_RELATIONS
+from agt.ensemble.store import Ensemble
+
+
+@dataclass(frozen=True)
+class EnsembleCertificate:
+    """Per-query certification of an ensemble (Q queries, T teachers), owner-only.
+
+    teacher_predictions / teacher_radii / teacher_max_k: (Q, T) nominal votes, stability
+    radii (grid index, -1 where k = 0 does not certify) and largest certified k of every
+    teacher. Votes, the ensemble answer and the ensemble radius are computed from these by
+    mechanisms/ensemble.py; the provenance fields are those of `agt.certify.Certificate`.
+    """
+
+    teacher_predictions: np.ndarray
+    teacher_radii: np.ndarray | None
+    teacher_max_k: np.ndarray | None
+    k_values: tuple[int, ...]
+    contiguous: bool
+    n_classes: int = 2
+    source_id: str = ""
+    dataset_sha256: str = ""
+    relations: tuple[str, ...] = ENSEMBLE_RELATIONS
+    smooth_radii: bool = True
+    selection: str = "exact"
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def n_teachers(self) -> int:
+        return int(self.teacher_predictions.shape[1])
+
+
+class EnsembleCertifier:
+    """Certify queries against every teacher (agt/certify.py)."""
+
+    def __init__(self, ensemble: Ensemble, device: str = "cpu"):
+        self.ensemble = ensemble
+        self.certifiers = [Certifier(b, device=device) for b in ensemble.bundles]
+
+    def predict_teachers(self, x) -> np.ndarray:
+        """(Q, T) nominal votes (no certification)."""
+        return np.stack([c.predict(x) for c in self.certifiers], axis=1).astype(np.int64)
+
+    def certify(self, x, radii: bool = True) -> EnsembleCertificate:
+        """Every teacher's certificate; ``radii=False``: votes only (radii None)."""
+        t0 = time.perf_counter()
+        certs = [c.certify(x, radii=radii) for c in self.certifiers]
+        ens = self.ensemble
+
+        def stack(field):
+            if not radii:
+                return None
+            return np.stack([getattr(c, field) for c in certs], axis=1).astype(np.int64)
+
+        return EnsembleCertificate(
+            np.stack([c.prediction for c in certs], axis=1).astype(np.int64),
+            stack("radius"), stack("max_certified_k"),
+            certs[0].k_values, certs[0].contiguous, ens.spec.n_classes, ens.ensemble_id,
+            ens.manifest["dataset_sha256"], tuple(ens.relations),
+            all(c.smooth_radii for c in certs), certs[0].selection,
+            {"seconds": time.perf_counter() - t0})
