@@ -11,16 +11,57 @@ with the divisor of the actual batch, by removing up to k and adding up to k; th
 intersection with [-gamma, gamma], where every clamped mean lies, keeps k >= b sound).
 
 Streaming: ``sum of the smallest (b - k) = sum of all - sum of the largest k``, so per
-parameter we keep the running sum of all g^L and a running buffer of its k_max largest
-values (and the same for -g^U), merged fragment by fragment: memory is O(P k_max), not
-O(P b). Selections use unsorted top-k; the buffer is sorted once at the end, and its
-prefix sums give the bound for every k <= k_max at once.
+parameter we keep the running sum of all g^L and a buffer of its k largest values (and the
+sum of all g^U with a buffer of its k smallest), merged fragment by fragment: memory is
+O(P k), not O(P b).
+
+Why the fast path is the exact rule (issue 11). The bound is a function of two sums and of
+the *multiset* of selected values; a selection only moves values, it never rounds. So any
+procedure that ends with the same multiset per parameter gives the same real-number bound,
+its float64 sums carry the same a-priori rounding allowance (`rounding_allowance`: any
+summation order), and everything proven for the exact rule (soundness, and the nesting
+box(D', k-1) inside box(D, k) behind the smooth radius, a real-arithmetic statement) carries
+over unchanged. The path:
+
+* Merge lemma. For multisets A, B and k <= |A|: top_k(A u B) = top_k(top_k(A) u B) as
+  multisets of values. (An element of A outside top_k(A) has k elements of A at least as
+  large; ties are interchangeable in a sum.) The first fragment fills the buffer (A is
+  then the +-inf fill, which loses to every value), later ones are merged into it; the
+  fill survives only while fewer than k values were seen, and counts 0 in the sums (the
+  prefix sums zero it after sorting, where it sorts behind every value).
+* Selection on the CPU by numpy: ``ndarray.partition`` (introselect, SIMD on x86) puts a
+  row's k largest last, in place: measured 8-10x faster than ``torch.topk`` and
+  ``torch.kthvalue`` on rows of 2000-10000 values. On rows that are mostly ties (the
+  exact zeros of ReLU masks, gradients saturated at +-gamma) introselect slows down 3-10x
+  and a full SIMD sort is faster, so `select` sorts when sample rows say so. Row blocks go
+  to torch's thread count (numpy releases the GIL). Other devices use ``torch.topk``.
+* The k largest of -g^U are minus the k smallest of g^U, and the clamp is symmetric: the
+  upper side selects the k smallest of g^U directly (no negation pass; sums flip sign exactly).
+* One buffer per box, of that box's own k (a box with k = 0 keeps none); a box shared by
+  every k (the first step) keeps one buffer of the largest k, sorted once at the end, whose
+  prefix sums give every smaller k.
+* The clamp writes straight into the merge workspace ``[buffer | fragment]`` and the batch
+  sum reads the clamped fragment there: no concatenation, no fresh allocations per chunk.
+
+Ideas of the issue not kept (benchmarks/bench_imdb.py, bench_heatmap.py): thresholds from the
+nominal order statistics (the variational form is equal to exact only at a threshold between
+the k-th and (k+1)-th largest *bound*, which nominal thresholds rarely hit, and no nesting
+proof is known for thresholds that depend on the data); the variational form at the exact order
+statistic (equal to exact, but that statistic is known only after the last fragment: a
+second pass over the values); lower-precision selection keys (the selection is no longer the
+bottleneck, and ties in a coarser key would need an exact correction).
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+import numpy as np
 import torch
 
+from agt.errors import SoundnessError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval, gamma as gamma_n
 
 _U64 = 2.0**-53
@@ -49,48 +90,205 @@ def _sum_slack(fm: FloatModel) -> float:
     return gamma_n(SUM_BLOCK, fm.unit_roundoff)
 
 
+def clamp_limit(gamma: float, *dtypes: torch.dtype) -> float:
+    """The largest magnitude a clamp to [-gamma, gamma] can return in any of ``dtypes``:
+    torch rounds the limit to the tensor's dtype first (to nearest: float32(0.3) > 0.3), so
+    a clamped float32 gradient, and any mean of such, can exceed gamma by u * gamma. Bounds
+    use this value for the k * gamma term and their final clamp."""
+    return max([float(gamma)] + [float(torch.tensor(gamma, dtype=d)) for d in dtypes])
+
+
+def rounding_allowance(b: int, n_terms: int, gamma: float, fm: FloatModel) -> float:
+    """Outward widening of a descent bound (a mean over b clamped values, |values| <= gamma)
+    computed from float64 sums of at most ``n_terms`` terms in any order: their rounding
+    (two sums), the nominal mean (accumulated in float64, rounded once to the training
+    dtype), the blocked compute-dtype partial sums, and per-product underflow."""
+    return ((2.0 * gamma_n(n_terms, _U64) * n_terms / b + 2.0 * fm.unit_roundoff
+             + 8 * _U64 + _sum_slack(fm)) * gamma + 2.0 * fm.absolute(1))
+
+
+#: CPU selections through numpy (SIMD introselect/sort); False: torch everywhere. Both give the
+#: same multisets; the tests run the accumulator under each.
+NUMPY_ON_CPU = True
+
+
+def _numpy_ok(t: torch.Tensor) -> bool:
+    return NUMPY_ON_CPU and t.device.type == "cpu"
+
+
+#: Above this fraction of equal neighbours in sorted sample rows, a full sort beats
+#: introselect: numpy's partition slows down 3-10x on rows full of duplicates (exact zeros of
+#: ReLU masks, gradients saturated at +-gamma), its SIMD sort does not (measured: 50% zeros,
+#: float64, 3000 per row: partition 2.5-8 ns, sort 1.7 ns per value; no duplicates: 1.0 vs
+#: 2.8; the two cross near 20-30%).
+SORT_ABOVE_DUPLICATES = 0.2
+
+
+def _duplicate_heavy(a: np.ndarray) -> bool:
+    """Estimate, from up to 4 sorted sample rows, whether the rows of ``a`` are mostly ties."""
+    rows = a.reshape(-1, a.shape[-1])
+    pick = rows[np.linspace(0, rows.shape[0] - 1, min(rows.shape[0], 4)).astype(np.int64)]
+    srt = np.sort(pick, axis=-1)
+    return float(np.mean(srt[:, 1:] == srt[:, :-1])) > SORT_ABOVE_DUPLICATES
+
+
+def select(ws: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+    """The k largest (or smallest) entries of every row of ``ws`` (..., n), 0 < k <= n, in
+    any order.
+
+    CPU: reorders each row in place (introselect, ``numpy.ndarray.partition``, or a full
+    sort when the rows are mostly ties) so that its last (first) k entries are its k largest
+    (smallest) and returns that view; the row stays a permutation of its values. Otherwise
+    ``torch.topk`` (a new tensor). A selection only moves values, it never rounds: every
+    way gives the same multiset."""
+    n = ws.shape[-1]
+    if not _numpy_ok(ws):
+        return ws.topk(k, dim=-1, largest=largest, sorted=False).values
+    if k < n:
+        a = ws.numpy()
+        if _duplicate_heavy(a):
+            _by_rows(lambda rows: rows.sort(axis=-1), a)
+        else:
+            kth = n - k if largest else k - 1
+            _by_rows(lambda rows: rows.partition(kth, axis=-1), a)
+    return ws[..., n - k:] if largest else ws[..., :k]
+
+
+#: Row blocks of at least this many values are spread over torch's intra-op thread count:
+#: numpy's sort and partition release the GIL but use one thread each.
+PARALLEL_MIN_VALUES = 1 << 17
+_pool: tuple[int, int, ThreadPoolExecutor] | None = None   # (pid, workers, executor)
+
+
+def _by_rows(fn, a: np.ndarray) -> None:
+    """Apply ``fn``, an in-place operation along the last axis, to ``a`` in blocks of its
+    first axis on ``torch.get_num_threads()`` threads (disjoint blocks: no two threads touch
+    one value)."""
+    global _pool
+    workers = min(torch.get_num_threads(), a.shape[0])
+    if workers <= 1 or a.size < PARALLEL_MIN_VALUES:
+        fn(a)
+        return
+    if _pool is None or _pool[:2] != (os.getpid(), workers):   # new after a fork, too
+        _pool = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="agt-select"))
+    cuts = np.linspace(0, a.shape[0], workers + 1).astype(np.int64)
+    list(_pool[2].map(lambda i: fn(a[cuts[i]:cuts[i + 1]]), range(workers)))
+
+
+def kth_values(buffer: torch.Tensor, ks: Sequence[int], largest: bool) -> list[torch.Tensor]:
+    """For every k of ``ks`` (1 <= k <= n): the k-th largest (smallest) entry of each row of
+    ``buffer`` (..., n), a tensor of the buffer's shape without its last dim. On the CPU one
+    selection at several ranks serves every k."""
+    n = buffer.shape[-1]
+    if not _numpy_ok(buffer):
+        srt = buffer.sort(dim=-1, descending=largest).values
+        return [srt[..., k - 1] for k in ks]
+    rank = {k: (n - k if largest else k - 1) for k in ks}
+    part = np.partition(buffer.numpy(), sorted(set(rank.values())), axis=-1)
+    return [torch.from_numpy(np.ascontiguousarray(part[..., rank[k]])) for k in ks]
+
+
+def _sorted_rows(x: torch.Tensor, descending: bool) -> torch.Tensor:
+    """Rows of x sorted (numpy's SIMD sort on the CPU): a canonical order for prefix sums."""
+    if not _numpy_ok(x):
+        return x.sort(dim=-1, descending=descending).values
+    srt = np.sort(x.numpy(), axis=-1)
+    # copy(), not ascontiguousarray(): a reversed view of width 1 counts as contiguous and
+    # keeps its negative stride, which torch refuses
+    return torch.from_numpy(srt[..., ::-1].copy() if descending else srt)
+
+
 class DescentAccumulator:
-    """Running sums and top-k buffers of clamped per-sample gradient bounds of one parameter
-    (flattened to P entries) for G parameter boxes at once.
+    """Running sums and selection buffers of clamped per-sample gradient bounds of one
+    parameter (flattened to P entries) for G parameter boxes at once.
+
+    Per box g and parameter: ``sum_lo``/``sum_hi``, the float64 sums of all clamped lower /
+    upper bounds; ``top_lo[g]``, the k_g largest clamped lower bounds; ``low_hi[g]``, the k_g
+    smallest clamped upper bounds (the k largest of -g^U of Thm 4.6, without a negation pass:
+    the bound uses their sum, and negation commutes exactly with sums and the symmetric
+    clamp). ``k_max``: the buffer size, one int for every box or one per box (a box's buffer
+    holds its own k; a box shared by several k, the largest).
 
     Values arrive as sound bounds in the compute dtype (float32 for float32 training: the
-    bound passes round outward when they cast), so buffering them loses nothing; sums are
-    accumulated in float64."""
+    bound passes round outward when they cast), so buffering them loses nothing. `bounds`
+    equals the naive rule (sort each parameter's b values) up to float64 summation order, for
+    which it adds the a-priori allowance (module docstring)."""
 
-    def __init__(self, n_groups: int, n_params: int, k_max: int, gamma: float,
+    def __init__(self, n_groups: int, n_params: int, k_max: int | Sequence[int], gamma: float,
                  device: torch.device, dtype: torch.dtype = BOUND_DTYPE):
+        sizes = [int(k_max)] * n_groups if isinstance(k_max, int) else [int(k) for k in k_max]
+        if len(sizes) != n_groups or min(sizes, default=0) < 0:
+            raise SoundnessError(f"internal: {n_groups} boxes need one buffer size >= 0 each, "
+                                 f"got {sizes}")
         self.gamma = float(gamma)
-        self.k_max = int(k_max)
+        self.k_sizes = sizes
+        self.k_max = max(sizes, default=0)
+        self.dtype = dtype
         self.count = 0
         self.sum_lo = torch.zeros(n_groups, n_params, dtype=BOUND_DTYPE, device=device)
         self.sum_hi = torch.zeros_like(self.sum_lo)
-        if self.k_max > 0:
-            shape = (n_groups, n_params, self.k_max)
-            self.top_lo = torch.full(shape, -float("inf"), dtype=dtype, device=device)
-            self.top_neg_hi = torch.full_like(self.top_lo, -float("inf"))
+        # +-inf fill: slots not yet holding a value never win a selection
+        self.top_lo = [torch.full((n_params, k), -float("inf"), dtype=dtype, device=device)
+                       if k else None for k in sizes]
+        self.low_hi = [torch.full((n_params, k), float("inf"), dtype=dtype, device=device)
+                       if k else None for k in sizes]
+        self._scratch: torch.Tensor | None = None
+        # rows of the first fragment already added (None once samples_seen was called)
+        self._first_rows: torch.Tensor | None = torch.zeros(n_params, dtype=torch.bool)
 
     def add(self, start: int, stop: int, grads: Interval) -> None:
         """grads: Interval (G or 1, stop - start, f) of per-sample gradient bounds of the
-        parameter entries [start, stop) for f samples (samples last); clamped here."""
-        lo = grads.lo.clamp(-self.gamma, self.gamma)
-        neg_hi = grads.hi.clamp(-self.gamma, self.gamma).neg_()
-        self.sum_lo[:, start:stop] += blocked_sum(lo)
-        self.sum_hi[:, start:stop] -= blocked_sum(neg_hi)
-        if self.k_max > 0:
-            self.top_lo[:, start:stop] = self._merge(self.top_lo[:, start:stop], lo)
-            self.top_neg_hi[:, start:stop] = self._merge(self.top_neg_hi[:, start:stop], neg_hi)
+        parameter entries [start, stop) for f samples (samples last); clamped here. Each
+        fragment adds every row once, then calls `samples_seen`."""
+        if grads.lo.dtype != self.dtype or grads.hi.dtype != self.dtype:
+            # wider values would be rounded into the buffers (unsound); narrower ones would be
+            # clamped in another dtype than the one whose clamp limit `bounds` assumes
+            raise SoundnessError(f"internal: {grads.lo.dtype} bounds for {self.dtype} "
+                                 "selection buffers (they would be rounded or clamped apart)")
+        if self._first_rows is not None:
+            # the first-fragment shortcut of _merge overwrites the buffer rows: a second add
+            # of the same rows before samples_seen would drop the first one's values
+            if bool(self._first_rows[start:stop].any()):
+                raise SoundnessError(f"internal: rows [{start}, {stop}) added twice before "
+                                     "samples_seen")
+            self._first_rows[start:stop] = True
+        shared = grads.lo.shape[0] == 1
+        for g, k in enumerate(self.k_sizes):
+            src = 0 if shared else g
+            for values, sums, buffers, largest in ((grads.lo[src], self.sum_lo, self.top_lo, True),
+                                                   (grads.hi[src], self.sum_hi, self.low_hi, False)):
+                # workspace [buffer | fragment]: the clamp writes the fragment in place, the sum
+                # reads it there, the merge selects over the whole row
+                ws = self._workspace(values.shape[0], k + values.shape[1], values.device)
+                frag = ws[:, k:]
+                torch.clamp(values, -self.gamma, self.gamma, out=frag)
+                sums[g, start:stop] += blocked_sum(frag)
+                if k:
+                    self._merge(ws, buffers[g], start, stop, k, largest)
 
-    def _merge(self, buffer: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        values = values.to(buffer.dtype)
-        if values.shape[0] != buffer.shape[0]:
-            values = values.expand(buffer.shape[0], -1, -1)
-        if values.shape[-1] > 2 * self.k_max:   # shrink the fragment first: cheaper merge
-            values = values.topk(self.k_max, dim=-1, sorted=False).values
-        merged = torch.cat([buffer, values], dim=-1)
-        return merged.topk(self.k_max, dim=-1, sorted=False).values
+    def _workspace(self, rows: int, width: int, device: torch.device) -> torch.Tensor:
+        """A (rows, width) scratch tensor, reused across calls (a fresh allocation of this
+        size costs page faults every time)."""
+        need = rows * width
+        if self._scratch is None or self._scratch.numel() < need or self._scratch.device != device:
+            self._scratch = torch.empty(need, dtype=self.dtype, device=device)
+        return self._scratch[:need].view(rows, width)
+
+    def _merge(self, ws: torch.Tensor, buffer: torch.Tensor, start: int, stop: int, k: int,
+               largest: bool) -> None:
+        """buffer[start:stop] <- the k largest (smallest) of buffer[start:stop] and the
+        fragment ws[:, k:] (merge lemma, module docstring)."""
+        if self.count == 0 and ws.shape[1] >= 2 * k:
+            kept = select(ws[:, k:], k, largest)      # first fragment: nothing buffered yet
+        else:
+            ws[:, :k] = buffer[start:stop]
+            kept = select(ws, k, largest)
+        buffer[start:stop] = kept
 
     def samples_seen(self, n: int) -> None:
         self.count += n
+        if self.count:
+            self._first_rows = None
 
     def bounds(self, k: torch.Tensor, fm: FloatModel, group: torch.Tensor | None = None) -> Interval:
         """Descent-direction bounds for distances ``k`` (int tensor (M,)), each computed from
@@ -101,42 +299,55 @@ class DescentAccumulator:
             group = torch.arange(k.shape[0])
         k = k.to(device)
         group = group.to(device)
+        sizes = torch.tensor(self.k_sizes, dtype=k.dtype, device=device)
+        if bool((k > sizes[group]).any()):
+            raise SoundnessError(f"internal: distances {k.tolist()} exceed the selection "
+                                 f"buffers {self.k_sizes} of their boxes")
         sum_lo = self.sum_lo[group]
         sum_hi = self.sum_hi[group]
         kf = k.to(BOUND_DTYPE)[:, None]
-        if self.k_max > 0:
-            top_lo = self._top_sums(self.top_lo, k, group)
-            top_neg_hi = self._top_sums(self.top_neg_hi, k, group)
-        else:
-            top_lo = top_neg_hi = torch.zeros_like(sum_lo)
-        lower = (sum_lo - top_lo - kf * self.gamma) / b
-        upper = (sum_hi + top_neg_hi + kf * self.gamma) / b
-        # float64 rounding of the sums (|values| <= gamma), the nominal mean (accumulated in
-        # float64, rounded once to the training dtype) and per-product underflow.
-        n_terms = b + self.k_max + 8
-        w = (2.0 * gamma_n(n_terms, _U64) * n_terms / b + 2.0 * fm.unit_roundoff
-             + 8 * _U64 + _sum_slack(fm)) * self.gamma + 2.0 * fm.absolute(1)
-        lower = (lower - w).clamp_min(-self.gamma)
-        upper = (upper + w).clamp_max(self.gamma)
-        return Interval(lower, upper)
+        top_lo = self._selected_sums(self.top_lo, k, group, largest=True)
+        low_hi = self._selected_sums(self.low_hi, k, group, largest=False)
+        gam = clamp_limit(self.gamma, fm.nominal_dtype, self.dtype)
+        lower = (sum_lo - top_lo - kf * gam) / b
+        upper = (sum_hi - low_hi + kf * gam) / b
+        # the sums: all b values (blocked) and up to k_max selected ones, in any order
+        w = rounding_allowance(b, b + self.k_max + 8, gam, fm)
+        return Interval((lower - w).clamp_min(-gam), (upper + w).clamp_max(gam))
 
-    def _top_sums(self, buffer: torch.Tensor, k: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-        """Sum of the k[m] largest buffered values of group[m], per parameter: (M, P)."""
-        out = torch.zeros(k.shape[0], buffer.shape[1], dtype=BOUND_DTYPE, device=buffer.device)
-        chunk = max(1, (1 << 21) // max(1, self.k_max))
+    def _selected_sums(self, buffers: list, k: torch.Tensor, group: torch.Tensor,
+                       largest: bool) -> torch.Tensor:
+        """Sum of the k[m] largest (smallest) buffered values of group[m], per parameter, in
+        float64: (M, P)."""
+        out = torch.zeros(k.shape[0], self.sum_lo.shape[1], dtype=BOUND_DTYPE,
+                          device=self.sum_lo.device)
         for g in torch.unique(group).tolist():
+            buffer = buffers[g]
             members = (group == g).nonzero().flatten()
             ks = k[members]
+            if buffer is None or not bool((ks > 0).any()):
+                continue
+            kb = buffer.shape[1]
             idx = (ks - 1).clamp_min(0)
-            full = bool((ks == self.k_max).all())
-            for p0 in range(0, buffer.shape[1], chunk):
-                part = buffer[g, p0:p0 + chunk]
-                part = torch.where(torch.isinf(part), torch.zeros_like(part), part)
+            full = bool((ks == kb).all())
+            unfilled = self.count < kb     # some slots may still hold the +-inf fill
+            chunk = max(1, (1 << 21) // kb)
+            for p0 in range(0, buffer.shape[0], chunk):
+                part = buffer[p0:p0 + chunk]
                 if full:
+                    if unfilled:   # k >= b: the sum runs over all b values, fill counts 0
+                        part = torch.where(torch.isinf(part), torch.zeros_like(part), part)
                     out[members, p0:p0 + chunk] = part.to(BOUND_DTYPE).sum(-1)
                     continue
-                part = part.sort(dim=-1, descending=True).values
-                csum = torch.cumsum(part.to(BOUND_DTYPE), dim=-1)            # (p, k_max)
+                # one sorted buffer, prefix sums for every k of the box. Sort first, then
+                # zero the fill: the fill (-inf for the largest, +inf for the smallest) sorts
+                # behind every value, so the first min(k, b) entries are the k best values
+                # and the rest add 0. Zeroing before sorting would move the zeros in front of
+                # negative (positive) values and loosen the bound for k < b < k_max.
+                srt = _sorted_rows(part, descending=largest)
+                if unfilled:
+                    srt = torch.where(torch.isinf(srt), torch.zeros_like(srt), srt)
+                csum = torch.cumsum(srt.to(BOUND_DTYPE), dim=-1)
                 picked = csum[:, idx].T                                     # (m, p)
                 out[members, p0:p0 + chunk] = torch.where((ks > 0)[:, None], picked,
                                                           torch.zeros_like(picked))
@@ -171,9 +382,10 @@ class ThresholdAccumulator:
         self.sum_lo = torch.zeros(tau_lo.shape, dtype=BOUND_DTYPE, device=tau_lo.device)
         self.sum_hi = torch.zeros_like(self.sum_lo)
         self.k_max = int(k.max()) if k.numel() else 0
+        self.value_dtype = BOUND_DTYPE
 
     def add(self, start: int, stop: int, grads: Interval) -> None:
-        dtype = grads.lo.dtype
+        dtype = self.value_dtype = grads.lo.dtype
         t_lo = self.tau_lo[:, start:stop, None].to(dtype)
         t_hi = self.tau_hi[:, start:stop, None].to(dtype)
         lo = torch.clamp(grads.lo, min=torch.full_like(t_lo, -self.gamma), max=t_lo)
@@ -190,12 +402,11 @@ class ThresholdAccumulator:
         # tau was cast to the compute dtype for the clamp: use that value here too
         t_lo = self.tau_lo.to(fm.nominal_dtype).to(BOUND_DTYPE)
         t_hi = self.tau_hi.to(fm.nominal_dtype).to(BOUND_DTYPE)
-        lower = (self.sum_lo - kf * t_lo - kf * self.gamma) / b
-        upper = (self.sum_hi - kf * t_hi + kf * self.gamma) / b
-        n_terms = b + 2 * self.k_max + 8
-        w = (2.0 * gamma_n(n_terms, _U64) * n_terms / b + 2.0 * fm.unit_roundoff
-             + 8 * _U64 + _sum_slack(fm)) * self.gamma + 2.0 * fm.absolute(1)
-        return Interval((lower - w).clamp_min(-self.gamma), (upper + w).clamp_max(self.gamma))
+        gam = clamp_limit(self.gamma, fm.nominal_dtype, self.value_dtype)
+        lower = (self.sum_lo - kf * t_lo - kf * gam) / b
+        upper = (self.sum_hi - kf * t_hi + kf * gam) / b
+        w = rounding_allowance(b, b + 2 * self.k_max + 8, gam, fm)
+        return Interval((lower - w).clamp_min(-gam), (upper + w).clamp_max(gam))
 
 
 def order_statistics(acc: DescentAccumulator, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,16 +420,12 @@ def order_statistics(acc: DescentAccumulator, k: torch.Tensor) -> tuple[torch.Te
     if acc.k_max == 0:
         return tau_lo, tau_hi
     ks = k.tolist()
-    for buf, out, sign in ((acc.top_lo[0], tau_lo, 1.0), (acc.top_neg_hi[0], tau_hi, -1.0)):
-        few = len(set(ks)) <= 8
-        srt = None if few else buf.sort(dim=-1, descending=True).values.to(BOUND_DTYPE)
-        for m, kk in enumerate(ks):
-            if kk > 0:
-                if few:   # the kk-th largest = the (k_max - kk + 1)-th smallest
-                    col = buf.kthvalue(acc.k_max - kk + 1, dim=-1).values.to(BOUND_DTYPE)
-                else:
-                    col = srt[:, kk - 1]
-                # fewer than k samples seen (-inf padding): every value is below tau
-                col = torch.where(torch.isinf(col), torch.full_like(col, -acc.gamma), col)
-                out[m] = sign * col
+    positive = [m for m, kk in enumerate(ks) if kk > 0]
+    for buf, out, largest in ((acc.top_lo[0], tau_lo, True), (acc.low_hi[0], tau_hi, False)):
+        cols = kth_values(buf, [ks[m] for m in positive], largest)
+        for m, col in zip(positive, cols):
+            col = col.to(device=device, dtype=BOUND_DTYPE)
+            # fewer than k samples seen (infinite fill): every value is beyond tau
+            fill = -acc.gamma if largest else acc.gamma
+            out[m] = torch.where(torch.isinf(col), torch.full_like(col, fill), col)
     return tau_lo, tau_hi

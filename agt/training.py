@@ -237,9 +237,11 @@ class _Trainer:
                 return self._threshold_pass(sub_boxes, k_values[g0:g1], idx, sub_taus)
         else:
             def bound_pass(sub_boxes, g0, g1, shared_box):
-                group = torch.zeros(g1 - g0, dtype=torch.int64) if shared_box else None
-                return self._group_pass(sub_boxes, k_values[g0:g1], idx, group_index=group,
-                                        k_buffer=int(k_values[g0:g1].max()))
+                ks = k_values[g0:g1]
+                if shared_box:   # one box, one buffer of the largest k: prefix sums give all
+                    return self._group_pass(sub_boxes, ks, idx, torch.zeros(g1 - g0, dtype=torch.int64),
+                                            [int(ks.max())])
+                return self._group_pass(sub_boxes, ks, idx, None, ks.tolist())
         if shared:
             return bound_pass({n: box[:1] for n, box in boxes.items()}, 0, K, True)
         parts = [bound_pass({n: box[g0:g1] for n, box in boxes.items()}, g0, g1, False)
@@ -253,15 +255,16 @@ class _Trainer:
         shapes = infer_shapes(self.net.layers, tuple(self.x_nominal.shape[1:]))
         act = sum(math.prod(s) for s in shapes)
         p_total = sum(self.init[n].numel() for n in self.trainable)
+        # two buffers (lower, upper) of k entries per parameter and box, compute dtype
+        slot_bytes = 2 * self.dtype.itemsize * p_total
         K = k_values.shape[0]
         g0 = 0
         while g0 < K:
             g1 = g0 + 1
             while g1 < K:
-                kmax = int(k_values[g1])
                 size = g1 + 1 - g0
                 if size * frag * act * 8 > WORK_ELEMENTS * 4 or \
-                        (buffers and size * p_total * kmax * 8 > BUFFER_BYTES):
+                        (buffers and int(k_values[g0:g1 + 1].sum()) * slot_bytes > BUFFER_BYTES):
                     break
                 g1 += 1
             yield g0, g1
@@ -275,11 +278,11 @@ class _Trainer:
         self._stream_bounds(boxes, idx, accs, n_groups=k_values.shape[0])
         return {n: self._reshape(n, acc.bounds(self.fm)) for n, acc in accs.items()}
 
-    def _group_pass(self, boxes, k_values, idx, group_index, k_buffer):
+    def _group_pass(self, boxes, k_values, idx, group_index, k_buffers):
         """Exact top-k rule for the distances ``k_values`` of G boxes (group_index maps each
-        distance to its box; None: one box each)."""
+        distance to its box; None: one box each); ``k_buffers``: top-k buffer size per box."""
         G = next(iter(boxes.values())).shape[0]
-        accs = {n: DescentAccumulator(G, self.init[n].numel(), k_buffer, self.gamma, self.device,
+        accs = {n: DescentAccumulator(G, self.init[n].numel(), k_buffers, self.gamma, self.device,
                                       self.dtype)
                 for n in self.trainable}
         self._stream_bounds(boxes, idx, accs, n_groups=G)

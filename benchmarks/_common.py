@@ -1,19 +1,83 @@
-"""Shared benchmark helpers (run by hand; not part of the test suite)."""
+"""Shared benchmark helpers (run by hand; not part of the test suite).
+
+Measurements run in fresh subprocesses (so that peak RSS is their own) against a source tree:
+this checkout, or a git revision exported with `git archive` (the "old" engine of a
+before/after comparison). The benchmark's own code is the same in both; only ``agt`` differs.
+"""
 
 from __future__ import annotations
 
+import json
 import resource
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
 def timer(out: dict, key: str):
     t0 = time.perf_counter()
+    c0 = time.process_time()
     yield
     out[key] = time.perf_counter() - t0
+    out[key + "_cpu"] = time.process_time() - c0
 
 
 def peak_rss_mb() -> float:
     """Peak resident set size of this process in MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def source_tree(rev: str | None) -> Path:
+    """A temporary copy of git revision ``rev``, or for rev None of this checkout's working
+    tree (tracked and untracked, not ignored files): edits made while a long benchmark
+    runs do not leak into its later measurements."""
+    out = Path(tempfile.mkdtemp(prefix=f"agt-{(rev or 'worktree')[:12]}-"))
+    if rev is not None:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True,
+                                 check=True).stdout
+    else:
+        files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
+                                "--exclude-standard"], capture_output=True, check=True).stdout
+        archive = subprocess.run(["tar", "-c", "-C", str(ROOT), "--null", "-T", "-"],
+                                 input=files, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
+def run_child(script: str, fn: str, kwargs: dict, tree: Path) -> dict:
+    """Run ``fn(**kwargs)`` of benchmark ``script`` in a fresh interpreter that imports agt
+    from ``tree``; returns its JSON result."""
+    code = ("import json, runpy, sys; "
+            f"sys.path.insert(0, {str(tree)!r}); "
+            f"mod = runpy.run_path({str(Path(script).resolve())!r}); "
+            f"print(json.dumps(mod[{fn!r}](**{kwargs!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree)
+    if out.returncode != 0:
+        raise RuntimeError(f"benchmark child failed ({tree}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def check_tree(tree: Path) -> None:
+    """Make sure the child interpreter really imports agt from ``tree``."""
+    code = f"import sys; sys.path.insert(0, {str(tree)!r}); import agt; print(agt.__file__)"
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=tree).stdout.strip()
+    if not got.startswith(str(tree)):
+        raise RuntimeError(f"agt imported from {got}, expected {tree}")
+
+
+def spread(values: list[float]) -> str:
+    """'min (+spread)' of repeated measurements: min is the estimate on a noisy machine."""
+    lo = min(values)
+    return f"{lo:7.2f} (+{max(values) - lo:5.2f})" if len(values) > 1 else f"{lo:7.2f}"
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

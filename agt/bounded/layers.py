@@ -104,14 +104,14 @@ class LinearRule:
         # (iv.product_factor), exact inputs split into positive and negative parts make the
         # four-corner rule two products per bound.
         d_wide = iv.to_dtype_outward(iv.product_factor(delta, fm), cdtype)
-        d_lo = d_wide.lo.transpose(1, 2).unsqueeze(2)                    # (G, out, 1, b)
-        d_hi = d_wide.hi.transpose(1, 2).unsqueeze(2)
+        d_lo = d_wide.lo.transpose(1, 2).contiguous().unsqueeze(2)       # (G, out, 1, b)
+        d_hi = d_wide.hi.transpose(1, 2).contiguous().unsqueeze(2)
         if isinstance(a, Interval):
             a_c = iv.to_dtype_outward(a, cdtype)
-            a_lo = a_c.lo.transpose(-1, -2).unsqueeze(-3)                 # (G|1, 1, in, b)
-            a_hi = a_c.hi.transpose(-1, -2).unsqueeze(-3)
+            a_lo = a_c.lo.transpose(-1, -2).contiguous().unsqueeze(-3)    # (G|1, 1, in, b)
+            a_hi = a_c.hi.transpose(-1, -2).contiguous().unsqueeze(-3)
         else:
-            a_t = a.to(cdtype).transpose(0, 1)                             # (in, b), exact
+            a_t = a.to(cdtype).transpose(0, 1).contiguous()                # (in, b), exact
             a_pos, a_neg = a_t.clamp_min(0.0), a_t.clamp_max(0.0)
 
         def weight(start, stop):
@@ -128,7 +128,7 @@ class LinearRule:
 
         sources = {"weight": GradSource.bounds(out_f, in_f, weight)}
         if "bias" in p:
-            bias_grad = iv.to_dtype_outward(delta, cdtype).map(lambda t: t.transpose(1, 2))
+            bias_grad = iv.to_dtype_outward(delta, cdtype).map(lambda t: t.transpose(1, 2).contiguous())
             sources["bias"] = GradSource.bounds(out_f, 1, lambda s, e: bias_grad[:, s:e])
         return grad_in, sources
 
