@@ -22,10 +22,10 @@ import sys as _sys
 
 from agt.threads import passive_wait as _passive_wait
 
-# OpenMP reads OMP_WAIT_POLICY once, when torch loads it. Spinning waits made small tensor
-# operations 10-60x slower next to other busy processes on 2 cores (agt/threads.py,
-# benchmarks/bench_threads.py), so unless the user chose a policy, agt asks for passive
-# waits -- effective only when agt is imported before torch (the command line always is).
+# OpenMP reads OMP_WAIT_POLICY once, when torch loads it. Spinning waits made a small
+# `agt train` 10-17x slower next to one busy process on 2 cores (benchmarks/bench_threads.py)
+# and the Blobs ensembles study 5x slower, so unless the user chose a policy, agt asks for
+# passive waits -- effective only when agt is imported before torch (the CLI always is).
 if "torch" not in _sys.modules:
     _passive_wait()
 
