@@ -73,6 +73,17 @@ def check_tree(tree: Path) -> None:
         raise RuntimeError(f"agt imported from {got}, expected {tree}")
 
 
+def variant_trees(variants: list[str], baseline: str) -> dict[str, Path]:
+    """The checked source trees a before/after run needs: "new" (this checkout) and, when a
+    variant ends in ``-old``, "old" (git revision `baseline`)."""
+    trees = {"new": source_tree(None)}
+    if any(v.endswith("-old") for v in variants):
+        trees["old"] = source_tree(baseline)
+    for tree in trees.values():
+        check_tree(tree)
+    return trees
+
+
 def spread(values: list[float]) -> str:
     """'min (+spread)' of repeated measurements: min is the estimate on a noisy machine."""
     lo = min(values)

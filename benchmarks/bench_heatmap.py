@@ -45,7 +45,7 @@ def measure(selection: str, bounds: bool, variant: str, threads: int) -> dict:
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks._common import check_tree, run_child, source_tree, spread
+    from benchmarks._common import run_child, spread, variant_trees
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -55,11 +55,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     variants = args.variants.split(",")
-    trees = {"new": source_tree(None)}
-    if any(v.endswith("-old") for v in variants):
-        trees["old"] = source_tree(args.baseline)
-    for tree in trees.values():
-        check_tree(tree)
+    trees = variant_trees(variants, args.baseline)
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     for _ in range(args.repeats):
         for v in variants:

@@ -59,7 +59,7 @@ def measure(n: int, k_values: str, bounds: bool, selection: str, threads: int) -
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks._common import check_tree, run_child, source_tree
+    from benchmarks._common import run_child, variant_trees
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="10000,20000")
@@ -69,11 +69,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     variants = args.variants.split(",")
-    trees = {"new": source_tree(None)}
-    if any(v.endswith("-old") for v in variants):
-        trees["old"] = source_tree(args.baseline)
-    for tree in trees.values():
-        check_tree(tree)
+    trees = variant_trees(variants, args.baseline)
     print(f"IMDB-like 768-100-1, 3 full-batch steps, k = {{{K_VALUES}}}, {args.threads} threads, "
           f"{args.repeats} interleaved repeats; old = {args.baseline}")
     for n in (int(b) for b in args.batches.split(",")):

@@ -44,28 +44,6 @@ E = (diag p - p p^T) kron z z^T (PSD, rank <= C - 1, lambda_max <= L = 1/2 for |
   replace-one (a privacy loss bounded by eps outside an event of probability delta gives
   (eps, delta)-DP).
 
-Calibration for a target (eps, delta). Without rho the Jacobian costs eps_J0 = (C - 1)
-ln(1 + L/(N lambda)) (the data-independent regulariser counts: N is public under
-replace-one). If eps_J0 <= eps/2 (the study's split), rho = 0 and eps_N = eps - eps_J0;
-otherwise eps_J = eps/2 and rho = L / (exp(eps_J / (C - 1)) - 1) - N lambda, the smallest rho
-with (1 + L / (N lambda + rho))^(C-1) <= e^(eps/2). Either way the noise gets eps_N >= eps/2.
-A user-given rho smaller than that is refused; a larger one is used (and pays less eps_J).
-
-What differs from the study's statement. (1) Its proof is for add/remove neighbours (one
-record added) and needs the regulariser lambda R / N of its objective (18); with the
-(lambda/2) ||W||^2 of J, N lambda changes with N. Under replace-one its constants (rho >=
-2LC/eps, beta = eps/(2K)) give 1.5 eps (Jacobian eps/2, noise 2 beta K = eps), not the 2 eps of
-group privacy. We calibrate to replace-one directly instead. (2) Rank C - 1 (not C) and the
-exact inverse of the determinant bound: a smaller rho, equally sound. (3) Alg. 5's sigma =
-(K/eps) sqrt(8 log(2/delta) + 4 eps) comes from a one-dimensional Gaussian tail, which is
-right for binary GLMs (g is a scalar times z) but not for C > 2 classes: <b, s> involves the
-C - 1 dimensional P B z, whose norm exceeds the 1-D quantile far more often than delta
-(tests/agt/baselines/test_loss_perturbation.py); we use the chi_{C-1} quantile.
-
-Exactness. The proof assumes the exact minimiser; the fit stops at ||grad|| <= tol (1e-9 by
-default), reported with the result (the same caveat as every objective-perturbation
-implementation: the released point is within tol / (lambda + rho/N) of the minimiser).
-
 Calibration for a target (eps, delta) (`calibrate`). Without rho the Jacobian costs eps_J0 =
 (C - 1) ln(1 + L/(N lambda)) (the data-independent regulariser counts: N is public under
 replace-one). If eps_J0 <= eps/2 (the study's split), rho = 0 and eps_N = eps - eps_J0;
