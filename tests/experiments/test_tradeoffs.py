@@ -18,6 +18,7 @@ TINY = {"epsilons": [1.0, 10.0], "budgets": [1, 10], "deltas": [1e-4],
         "loss_repeats": 1, "check_draws": 1, "tol": 1e-6, "budget": 10,
         "dpsgd": {},            # DP-SGD rows off here (Opacus runs cost seconds each)
         "agt": {"learning_rate": 50.0, "n_epochs": 2, "clip_gamma": 0.01, "k_values": "0..3"},
+        "agt_grid": {}, "agt_seeds": [0, 1],
         "figures": {"multiclass": ["eps", "budget", "delta", "n", "dim", "lambda_t"],
                     "binary": ["eps"]}}
 
@@ -90,3 +91,52 @@ def test_exact_rows_match_their_ledgered_deployments(study):
     for name in ("df-exp", "df-exp-zcdp", "exp-radius"):
         for r in rows[name]:
             assert abs(r["sampled_mean"] - r["expected"]) <= 5 * r["std"] + 0.05
+
+
+def test_agt_rows_average_every_training_seed(study):
+    _, results = study
+    rows = results["tasks"]["multiclass"]["figures"]["fig1_eps_delta"]["rows"]
+    for name in ("exp-radius", "ptr", "ss-argmax", "ens-exp-radius"):
+        for r in rows[name]:
+            assert r["agt_training_seeds"] == [0, 1]
+            assert r["std_kind"] == "exact over AGT training seeds and noise draws"
+    assert "agt_training_seeds" not in rows["df-exp"][0]
+    assert results["seeds"]["agt_training_seeds"] == [0, 1]
+
+
+def test_surrogate_reads_only_the_public_shape():
+    from experiments.public_tuning import surrogate_like
+    a, b = tiny("multiclass", seed=0), tiny("multiclass", seed=1)   # other records, same shape
+    sa, sb = surrogate_like(a, 3), surrogate_like(b, 3)
+    for field in ("x_train", "y_train", "x_test", "y_test"):
+        np.testing.assert_array_equal(getattr(sa, field), getattr(sb, field))
+    assert sa.n_train == a.n_train and sa.n_test == a.n_test and sa.n_classes == 10
+    assert sa.x_train.min() >= 0.0 and sa.x_train.max() <= 16.0
+    assert not np.array_equal(surrogate_like(a, 4).x_train, sa.x_train)
+
+
+def test_choose_takes_the_best_score_and_the_first_of_ties():
+    from experiments.public_tuning import choose, grid
+    cands = grid({"lr": [1, 2, 3], "e": [5]})
+    assert cands == [{"lr": 1, "e": 5}, {"lr": 2, "e": 5}, {"lr": 3, "e": 5}]
+    pick = choose(cands, lambda c: {1: 0.5, 2: 0.7, 3: 0.7}[c["lr"]], "test")
+    assert pick.chosen == {"lr": 2, "e": 5}
+    assert [row["score"] for row in pick.table] == [0.5, 0.7, 0.7]
+    with pytest.raises(ValueError, match="non-empty list"):
+        grid({"lr": []})
+
+
+def test_tuning_never_reads_the_private_data():
+    """The AGT settings are chosen on the surrogate: shuffling the private labels (and
+    redrawing its records) changes nothing in the choice or the candidates' scores."""
+    from experiments.tradeoffs import Study
+    settings = load_settings(quick=True, overrides={
+        **TINY, "agt_grid": {"learning_rate": [5.0, 50.0]}, "agt_seeds": [0]})
+    a = tiny("multiclass", seed=0)
+    b = tiny("multiclass", seed=1)
+    b = Dataset(b.name, b.x_train, np.random.default_rng(9).permutation(b.y_train), b.x_test,
+                b.y_test, b.n_classes, b.meta)
+    ta = Study(settings, dataset_by_task={"multiclass": a}).tuning("multiclass")
+    tb = Study(settings, dataset_by_task={"multiclass": b}).tuning("multiclass")
+    assert ta["agt"] == tb["agt"] and len(ta["agt"]["candidates"]) == 2
+    assert ta["agt_params"]["learning_rate"] in (5.0, 50.0)
