@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from agt.errors import ConfigError
+from agt.errors import ConfigError, WorkerError
+from agt.threads import available_cores, set_threads, using_threads
 
 from experiments import budget, ensembles, heatmap, kgrid, single, teacher
 from experiments.context import Context, Outcome, markdown_table
@@ -32,30 +36,63 @@ def select(plan_experiments: tuple[str, ...], only: list[str] | None) -> list[st
     return [e for e in plan_experiments if e in only]
 
 
+#: Experiments that share no model with the others (the memo of Context): with two or more
+#: workers they run in a process of their own while the others run here.
+DETACHABLE = ("heatmap",)
+
+
 def reproduce(dataset: str, *, quick: bool = False, data_dir: str | Path | None = None,
               out: str | Path = "artifacts", only: list[str] | None = None,
               seed: int | None = None, plan_path: str | Path | None = None,
               progress: bool = True, device: str = "cpu", workers: int = 1,
               threads: int | None = None) -> list[Outcome]:
-    """Run the plan's experiments for `dataset`; returns one Outcome per experiment and
-    writes ``<out>/<dataset>/summary.md``. `workers` / `threads`: how the ensembles' teachers
-    are trained (agt.ensemble.train_ensemble; the results do not depend on `workers`)."""
-    plan = load_plan(plan_path or default_plan_path(dataset), quick=quick, dataset=dataset)
+    """Run the plan's experiments for `dataset`; returns one Outcome per experiment (in the
+    plan's order) and writes ``<out>/<dataset>/summary.md``.
+
+    `workers`: local processes. With 1, everything runs here, the ensembles' teachers one
+    after another. With N >= 2, a detachable experiment (the heat map: it trains its own
+    models) runs in a spawned process of its own beside the others, and the ensembles'
+    teachers get the remaining N - 1 workers. `threads`: intra-op threads per process and
+    teacher (default: the cores divided by the processes running at once). The results do
+    not depend on `workers` (tests/experiments: identical results.json)."""
+    plan_file = plan_path or default_plan_path(dataset)
+    plan = load_plan(plan_file, quick=quick, dataset=dataset)
     names = select(plan.experiments, only)
+    detached = [n for n in names if n in DETACHABLE] if workers >= 2 and len(names) > 1 else []
+    local_workers = max(1, workers - len(detached))
     ctx = Context(plan, out=out, data_dir=data_dir, seed=seed, progress=progress,
-                  device=device, workers=workers, threads=threads)
+                  device=device, workers=local_workers, threads=threads)
     t0 = time.perf_counter()
     _ = ctx.prepared  # load (and for OctMNIST pre-train) before any experiment: fail early
-    outcomes = []
-    bar = tqdm(names, desc=f"agt reproduce {dataset}{' --quick' if quick else ''}",
-               unit="experiment", disable=not progress)
-    for name in bar:
-        bar.set_postfix_str(name)
-        outcome = EXPERIMENTS[name].run(ctx)
-        outcomes.append(outcome)
-        if progress:
-            bar.write(f"[{name}] {outcome.seconds:.1f} s: {outcome.headline}", file=sys.stderr)
-    bar.close()
+    side = None
+    if detached:
+        per_process = threads or max(1, available_cores() // 2)
+        side = _Detached(detached, dict(path=str(plan_file), quick=quick, dataset=dataset,
+                                        out=str(out), data_dir=data_dir, seed=seed,
+                                        device=device, threads=threads), per_process)
+    done: dict[str, Outcome] = {}
+    try:
+        local = [n for n in names if n not in detached]
+        bar = tqdm(local, desc=f"agt reproduce {dataset}{' --quick' if quick else ''}",
+                   unit="experiment", disable=not progress)
+        with using_threads(side.threads) if side else contextlib.nullcontext():
+            for name in bar:
+                bar.set_postfix_str(name)
+                done[name] = EXPERIMENTS[name].run(ctx)
+                if progress:
+                    bar.write(f"[{name}] {done[name].seconds:.1f} s: {done[name].headline}",
+                              file=sys.stderr)
+        bar.close()
+        if side:
+            for outcome in side.results():
+                done[outcome.name] = outcome
+                if progress:
+                    print(f"[{outcome.name}] {outcome.seconds:.1f} s (own process): "
+                          f"{outcome.headline}", file=sys.stderr)
+    finally:
+        if side:
+            side.stop()
+    outcomes = [done[n] for n in names]
     total = time.perf_counter() - t0
     summary = summary_table(dataset, outcomes, total, quick)
     path = ctx.out_dir / "summary.md"
@@ -63,6 +100,66 @@ def reproduce(dataset: str, *, quick: bool = False, data_dir: str | Path | None 
     path.write_text(summary + "\n")
     outcomes.append(Outcome("total", f"wrote {ctx.out_dir}", total, [str(path)]))
     return outcomes
+
+
+def _detached_main(conn, names: list[str], args: dict, threads: int) -> None:
+    """Child process: run `names` with a Context of its own; send back their Outcomes, or
+    the exception (a WorkerError naming it if it cannot be pickled) and its traceback."""
+    try:
+        set_threads(threads)
+        plan = load_plan(args["path"], quick=args["quick"], dataset=args["dataset"])
+        ctx = Context(plan, out=args["out"], data_dir=args["data_dir"], seed=args["seed"],
+                      progress=False, device=args["device"], workers=1,
+                      threads=args["threads"])
+        conn.send(("ok", [EXPERIMENTS[n].run(ctx) for n in names]))
+    except BaseException as exc:          # noqa: BLE001 - reported to the parent
+        tb = traceback.format_exc()
+        try:
+            conn.send(("error", exc, tb))
+        except Exception:                 # noqa: BLE001 - an unpicklable exception
+            conn.send(("error", WorkerError(f"{type(exc).__name__}: {exc}"), tb))
+    finally:
+        conn.close()
+
+
+class _Detached:
+    """Experiments running in one spawned process (never fork: torch's threads)."""
+
+    def __init__(self, names: list[str], args: dict, threads: int):
+        self.threads = threads
+        self.names = list(names)
+        self._reported = False
+        mp = multiprocessing.get_context("spawn")
+        self._conn, child = mp.Pipe(duplex=False)
+        self._proc = mp.Process(target=_detached_main, args=(child, names, args, threads),
+                                name="agt-reproduce-" + "-".join(names), daemon=True)
+        self._proc.start()
+        child.close()
+
+    def results(self) -> list[Outcome]:
+        try:
+            message = self._conn.recv()
+            self._reported = True
+        except EOFError:
+            self._proc.join()
+            raise WorkerError(f"the process running {self.names} died (exit code "
+                              f"{self._proc.exitcode}) before reporting") from None
+        if message[0] == "ok":
+            return message[1]
+        _, exc, tb = message
+        if isinstance(exc, WorkerError):
+            exc.detail = tb
+        exc.add_note(f"raised in the process running {self.names}:\n{tb}")
+        raise exc
+
+    def stop(self) -> None:
+        """Let a process that has reported exit on its own (a terminated one can leave
+        its semaphores behind); terminate one that has not (the parent failed)."""
+        self._proc.join(timeout=30 if self._reported else 0)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout=10)
+        self._conn.close()
 
 
 def summary_table(dataset: str, outcomes: list[Outcome], total: float, quick: bool) -> str:

@@ -86,7 +86,7 @@ from experiments.accuracy import RELATION, expected_accuracy, simulate
 from experiments.context import dumps, markdown_table, to_jsonable
 from experiments.plan import PLAN_DIR, build_settings, display_path
 from experiments.plotting import plt, save
-from experiments.public_tuning import choose, grid, surrogate_like
+from experiments.public_tuning import PublicShape, choose, grid, surrogate_like
 
 NAME = "tradeoffs"
 TRAINING = ("model-sens", "model-sens-gauss", "loss-pert", "loss-pert-gauss", "dp-sgd")
@@ -153,7 +153,7 @@ class TradeoffSettings:
     dpsgd: dict = field(default_factory=dict)
     dpsgd_grid: dict = field(default_factory=dict)
     dpsgd_seeds: tuple = (0,)
-    tuning_seed: int = 0
+    tuning_seeds: tuple = (0,)
 
     def validate(self, where: str, problems: Problems) -> None:
         def positive(name, values, integer=False):
@@ -167,10 +167,12 @@ class TradeoffSettings:
         positive("dims", self.dims, True)
         positive("lambdas", self.lambdas)
         positive("teacher_grid", self.teacher_grid, True)
-        for name, values in (("agt_seeds", self.agt_seeds), ("dpsgd_seeds", self.dpsgd_seeds)):
+        for name, values in (("agt_seeds", self.agt_seeds), ("dpsgd_seeds", self.dpsgd_seeds),
+                             ("tuning_seeds", self.tuning_seeds)):
             if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                     for v in values):
-                problems.add(f"{where}.{name}: a non-empty list of seeds >= 0, got {values!r}")
+                                     for v in values) or len(set(values)) != len(values):
+                problems.add(f"{where}.{name}: a non-empty list of distinct seeds >= 0, got "
+                             f"{values!r}")
         for name, spec in (("agt_grid", self.agt_grid), ("dpsgd_grid", self.dpsgd_grid)):
             try:
                 grid(spec)
@@ -338,53 +340,64 @@ class Study:
                                   fragment_size=10_000, **params)
 
     def tuning(self, task: str) -> dict:
-        """The task's AGT and DP-SGD settings, chosen on a public surrogate of the task's
-        shape (experiments/public_tuning.py; never on the digits). Memoised per task."""
+        """The task's AGT and DP-SGD settings, chosen on public surrogates of the task's
+        shape (experiments/public_tuning.py): this method hands the tuning the
+        `PublicShape` of the data only, never a record or label. Memoised per task."""
         if task in self._tuning:
             return self._tuning[task]
         t0 = time.perf_counter()
-        ds = self.dataset(task)
-        sur = surrogate_like(ds, self.s.tuning_seed)
-        d, c = int(np.prod(sur.feature_shape)), sur.n_classes
-        unit = UnitBallMap.for_dataset(sur.meta, d)
-        u_tr = unit.transform(sur.x_train, "surrogate inputs")
-        u_te = unit.transform(sur.x_test, "surrogate queries")
-        sur_u = validate_dataset(Dataset(sur.name, u_tr, sur.y_train, u_te, sur.y_test, c,
-                                         sur.meta))
+        shape = PublicShape.of(self.dataset(task))
+        d, c = shape.n_features, shape.n_classes
+        unit = UnitBallMap(*shape.feature_range, d)
+        surrogates = []
+        for seed in self.s.tuning_seeds:
+            sur = surrogate_like(shape, seed)
+            u_te = unit.transform(sur.x_test, "surrogate queries")
+            surrogates.append((int(seed), validate_dataset(Dataset(
+                sur.name, unit.transform(sur.x_train, "surrogate inputs"), sur.y_train, u_te,
+                sur.y_test, c, sur.meta))))
         # every (total eps, B) of Figs. 1-2: one point alone is often at chance for every
         # candidate (uninformative), the average over the plan's range is not
         releases = [make_mechanism("exp-radius", plan_queries(e, 0.0, b, False,
                                                               "standard")[0], None)
                     for e in self.s.epsilons for b in self.s.budgets]
 
-        def agt_score(cand: dict) -> float:
-            cfg = self._agt_config(d, c, {**self.s.agt, **cand}, self.s.tuning_seed)
-            cert = Certifier(from_result(train(cfg, sur_u)), device="cpu").certify(u_te)
-            inputs = Certified.from_certificate(cert)
-            return float(np.mean([r.correct_probability(inputs, sur.y_test).mean()
-                                  for r in releases]))
+        def agt_scores(cand: dict) -> list[float]:
+            out = []
+            for seed, sur in surrogates:
+                cfg = self._agt_config(d, c, {**self.s.agt, **cand}, seed)
+                cert = Certifier(from_result(train(cfg, sur)), device="cpu").certify(sur.x_test)
+                inputs = Certified.from_certificate(cert)
+                out.append(float(np.mean([r.correct_probability(inputs, sur.y_test).mean()
+                                          for r in releases])))
+            return out
 
-        agt = choose(grid(self.s.agt_grid) if self.s.agt_grid else [{}], agt_score,
+        agt = choose(grid(self.s.agt_grid) if self.s.agt_grid else [{}], agt_scores,
                      "surrogate: exact expected accuracy of exp-radius (delta = 0), averaged "
-                     "over the plan's total epsilons x inference budgets")
-        out = {"surrogate": sur.meta["source"], "agt": agt.as_dict(),
-               "agt_params": {**self.s.agt, **agt.chosen}}
+                     "over the plan's total epsilons x inference budgets, mean over the "
+                     "surrogate seeds")
+        out = {"surrogate": f"public surrogates (seeds {list(self.s.tuning_seeds)})",
+               "agt": agt.as_dict(), "agt_params": {**self.s.agt, **agt.chosen}}
         if self.s.dpsgd:
             from agt.baselines.dpsgd import DPSGDConfig, train_dpsgd
 
             from experiments.context import add_remove_target
             eps_a, delta_a = add_remove_target(self.s.epsilon, self.s.delta)
-            spec = TrainConfig.create([{"linear": {"in": d, "out": c}}], "cross_entropy",
-                                      seed=self.s.tuning_seed, device="cpu")
 
-            def dpsgd_score(cand: dict) -> float:
-                dp = DPSGDConfig(target_epsilon=eps_a, target_delta=delta_a,
-                                 seed=self.s.tuning_seed, **{**self.s.dpsgd, **cand})
-                return float(train_dpsgd(spec, sur_u, dp, device="cpu").test_accuracy)
+            def dpsgd_scores(cand: dict) -> list[float]:
+                out = []
+                for seed, sur in surrogates:
+                    spec = TrainConfig.create([{"linear": {"in": d, "out": c}}],
+                                              "cross_entropy", seed=seed, device="cpu")
+                    dp = DPSGDConfig(target_epsilon=eps_a, target_delta=delta_a, seed=seed,
+                                     **{**self.s.dpsgd, **cand})
+                    out.append(float(train_dpsgd(spec, sur, dp, device="cpu").test_accuracy))
+                return out
 
             dp_choice = choose(grid(self.s.dpsgd_grid) if self.s.dpsgd_grid else [{}],
-                               dpsgd_score, f"surrogate: test accuracy at total (eps, delta) = "
-                                            f"({self.s.epsilon:g}, {self.s.delta:g})")
+                               dpsgd_scores, f"surrogate: test accuracy at total (eps, delta) "
+                                             f"= ({self.s.epsilon:g}, {self.s.delta:g}), mean "
+                                             f"over the surrogate seeds")
             out["dpsgd"] = dp_choice.as_dict()
             out["dpsgd_params"] = {**self.s.dpsgd, **dp_choice.chosen}
         self._tuning[task] = out
@@ -433,6 +446,7 @@ class Study:
 
         key = (task, n, float(eps), float(delta))
         if key not in self._dpsgd:
+            params = self.tuning(task)["dpsgd_params"]     # timed as tuning, not training
             t0 = time.perf_counter()
             ds = self.dataset(task)
             unit = UnitBallMap.for_dataset(ds.meta, int(np.prod(ds.feature_shape)))
@@ -444,7 +458,6 @@ class Study:
                                      seed=int(self.s.dpsgd_seeds[0]), device="cpu")
             eps_a, delta_a = add_remove_target(eps, delta)
             accs = []
-            params = self.tuning(task)["dpsgd_params"]
             for seed in self.s.dpsgd_seeds:
                 dp = DPSGDConfig(target_epsilon=eps_a, target_delta=delta_a, seed=int(seed),
                                  **params)
@@ -501,7 +514,8 @@ class Study:
             repeats = self.s.repeats
         t0 = time.perf_counter()
         draws, expecteds, noise_vars = [], [], []
-        for i, inputs in enumerate(per_seed):
+        seeds = list(self.s.agt_seeds) if len(per_seed) > 1 else [None]
+        for seed, inputs in zip(seeds, per_seed):
             if name == "df-exp-zcdp":    # its beta is calibrated to the release's query
                 # count: deployments of exactly B queries (test queries tiled to a multiple)
                 q = inputs.n_queries
@@ -511,7 +525,7 @@ class Study:
             else:
                 views, y_views = [inputs], [setup.y_test]
             checked = list(zip(views, y_views))[:self.s.check_views]
-            seed_key = (key, i) if len(per_seed) > 1 else key
+            seed_key = key if seed is None else (key, int(seed))
             for rng in self.rngs(*seed_key, name, repeats=repeats):
                 hits = sum(float(np.sum(simulate(mech, v, rng) == yv)) for v, yv in checked)
                 draws.append(hits / sum(len(yv) for _, yv in checked))
@@ -530,9 +544,11 @@ class Study:
         d = np.asarray(draws)
         expected = spread = None
         if exact:
-            # law of total variance over the training seeds (one seed: the noise alone)
+            # law of total variance over the training seeds (one seed: the noise alone);
+            # the between-seed part is the unbiased sample variance
             expected = float(np.mean(expecteds))
-            spread = float(math.sqrt(np.var(expecteds) + np.mean(noise_vars)))
+            between = float(np.var(expecteds, ddof=1)) if len(expecteds) > 1 else 0.0
+            spread = float(math.sqrt(between + np.mean(noise_vars)))
         if len(per_seed) > 1:
             std_kind = ("exact over AGT training seeds and noise draws" if exact
                         else "over AGT training seeds and sampled draws")
@@ -645,7 +661,7 @@ def plot_task(task: str, figures: dict, out_dir: Path, s: TradeoffSettings) -> l
                            "delta": "total δ", "n_train": "training-set size N",
                            "pca_dim": "dimension D (PCA on the unlabelled queries)",
                            "lambda": "L2 weight λ", "teachers": "teachers T"}[sweep["x_name"]])
-            ax.set_ylabel("test accuracy (mean ± std over noise draws)")
+            ax.set_ylabel("test accuracy (mean ± std; AGT and DP-SGD over seeds too)")
             ax.set_ylim(0, 1.02)
             ax.set_title(f"digits {task}: " + TITLES[key].format(
                 delta=s.delta, eps=s.epsilon, B=s.budget) + " (replace-one)", fontsize=9)
@@ -692,12 +708,12 @@ def tuning_markdown(tuning: dict, s: dict) -> str:
     def fmt(choice: dict) -> str:
         keys = [k for k in choice["candidates"][0] if k != "score"] if choice["candidates"] \
             else []
-        cands = "; ".join(", ".join(f"{k} {c[k]:g}" for k in keys) + f": {c['score']:.3f}"
-                          for c in choice["candidates"])
+        cands = "; ".join(", ".join(f"{k} {c[k]}" for k in keys if k != "scores")
+                          + f": {c['score']:.3f}" for c in choice["candidates"])
         return (f"chosen {choice['chosen'] or 'the fixed settings'} by {choice['criterion']}"
                 + (f" (candidates: {cands})" if len(choice["candidates"]) > 1 else ""))
-    text = (f"Settings chosen on the public surrogate ({tuning['surrogate']}), never on the "
-            f"digits. AGT: {fmt(tuning['agt'])}. AGT rows average the training seeds "
+    text = (f"Settings chosen on {tuning['surrogate']} of the digits' public shape, never "
+            f"on the digits. AGT: {fmt(tuning['agt'])}. AGT rows average the training seeds "
             f"{s['agt_seeds']}.")
     if "dpsgd" in tuning:
         text += f" DP-SGD: {fmt(tuning['dpsgd'])}; seeds {s['dpsgd_seeds']}."
@@ -713,14 +729,17 @@ def summary_markdown(results: dict) -> str:
              "advanced composition (delta > 0); sessions (model-sens*, loss-pert*, "
              "df-exp-zcdp) spend the total once. Accuracy: mean ± std over noise draws "
              f"({s['repeats']} draws; loss perturbation {s['loss_repeats']}); exact "
-             "expectation as the mean where it exists.", ""]
+             "expectation as the mean where it exists; AGT rows also over the training "
+             f"seeds {s['agt_seeds']} and DP-SGD rows over its seeds {s['dpsgd_seeds']} "
+             "(each row's std_kind in results.json says which).", ""]
     for task, block in results["tasks"].items():
         np_ = block["nonprivate"]
         lines += [f"## {task} ({block['n_classes']} classes, N = {block['n_train']}, "
                   f"{block['n_test']} queries)", "",
                   f"Non-private: convex {np_['convex']:.3f}, T = {s['teachers']} teachers' "
                   f"plurality {np_['teachers_plurality']:.3f}, AGT nominal {np_['agt']:.3f}; AGT "
-                  f"radius median {block['agt_radius_median']:g} (owner-only statistic).", "",
+                  f"radius median {block['agt_radius_median']:g} over every training seed's queries "
+                  "(owner-only statistic).", "",
                   tuning_markdown(block["tuning"], s), "",
                   "### Winner per regime (eps = {:g})".format(s["epsilon"]), ""]
         header = ["regime", "winner", "accuracy", "best private training",
@@ -791,8 +810,8 @@ def _run_study(settings: TradeoffSettings, out_dir: str | Path, *, quick: bool,
         ds = study.dataset(task)
         base = study.setup(task)
         figures = run_figures(study, task)
-        radius_median = float(np.mean([np.median(np.maximum(m.radius, 0))
-                                       for m in base.agt_single]))
+        radius_median = float(np.median(np.concatenate([np.maximum(m.radius, 0)
+                                                        for m in base.agt_single])))
         tasks[task] = {"n_classes": ds.n_classes, "n_train": ds.n_train, "n_test": ds.n_test,
                        "methods": list(methods(task)), "nonprivate": base.nonprivate,
                        "agt_radius_median": radius_median,
@@ -810,7 +829,7 @@ def _run_study(settings: TradeoffSettings, out_dir: str | Path, *, quick: bool,
         "seeds": {"noise_seed": settings.noise_seed,
                   "agt_training_seeds": list(settings.agt_seeds),
                   "dpsgd_seeds": list(settings.dpsgd_seeds),
-                  "tuning_seed": settings.tuning_seed,
+                  "tuning_seeds": list(settings.tuning_seeds),
                   "data_split_seed": settings.data.get("seed", 0),
                   "rule": "noise generators: SeedSequence(noise_seed, crc32 of the point's "
                           "description, method); every listed seed is reported, none "

@@ -45,8 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="device for certification and DP-SGD (training follows the config)")
     p.add_argument("--workers", type=positive_int, default=1, metavar="N",
-                   help="train the ensembles' teachers in N local processes (default 1: "
-                        "serially; the results are identical)")
+                   help="local processes (default 1). With N >= 2 the heat map runs in a "
+                        "process of its own beside the other experiments and the ensembles' "
+                        "teachers use the other N - 1; the results are identical")
     p.add_argument("--threads", type=positive_int, metavar="N",
                    help="intra-op threads of this process and of every teacher (default: "
                         "OMP_NUM_THREADS, else all cores here and 1 per teacher)")

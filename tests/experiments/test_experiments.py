@@ -195,6 +195,49 @@ def test_ensembles_with_worker_processes_give_the_serial_results(tmp_path, capsy
         assert serial == parallel
 
 
+def _without_timing(obj):
+    if isinstance(obj, dict):
+        return {k: _without_timing(v) for k, v in obj.items()
+                if "second" not in k and k != "created"}
+    if isinstance(obj, list):
+        return [_without_timing(v) for v in obj]
+    return obj
+
+
+def test_heatmap_in_its_own_process_gives_the_serial_results(tmp_path, capsys):
+    """`--workers 2` runs the heat map in a spawned process beside the other experiments:
+    the same results.json (timings aside) and the summary in the plan's order."""
+    plan = write_plan(tmp_path / "plan.yaml", {**BLOBS_TINY, "experiments": ["heatmap", "kgrid"]})
+    bodies = []
+    for name, extra in (("serial", []), ("parallel", ["--workers", "2", "--threads", "1"])):
+        rc, stdout, err = run_cli(["reproduce", "blobs", "--plan", str(plan), "--out",
+                                   str(tmp_path / name), "--quiet", *extra], capsys)
+        assert rc == 0, err
+        assert stdout.index("| heatmap |") < stdout.index("| kgrid |")
+        bodies.append({e: _without_timing(load(tmp_path / name, "blobs", e))
+                       for e in ("heatmap", "kgrid")})
+    assert bodies[0] == bodies[1]
+
+
+def test_heatmap_process_failure_reaches_the_parent(tmp_path, capsys):
+    """An error raised in the heat map's process is raised again in the parent with the
+    child's traceback (the CLI's usual error exit), after the other experiments ran."""
+    bad = write_plan(tmp_path / "bad_model.yaml", {
+        **yaml.safe_load((CONFIGS / "blobs_mlp.yaml").read_text()),
+        "model": [{"linear": {"in": 5, "out": 2}}]})      # blobs features are 6-wide
+    plan = write_plan(tmp_path / "plan.yaml", {
+        **BLOBS_TINY, "experiments": ["heatmap", "kgrid"],
+        "settings": {**BLOBS_TINY["settings"],
+                     "heatmap": {**BLOBS_TINY["settings"]["heatmap"],
+                                 "train_config": str(bad)}}})
+    rc, _, err = run_cli(["reproduce", "blobs", "--plan", str(plan), "--out",
+                          str(tmp_path / "out"), "--quiet", "--workers", "2",
+                          "--threads", "1"], capsys)
+    assert rc != 0 and "feature" in err.lower()
+    assert (tmp_path / "out" / "blobs" / "kgrid" / "results.json").is_file()
+    assert not (tmp_path / "out" / "blobs" / "summary.md").exists()
+
+
 # ------------------------------------------------------------------------------------------
 # OctMNIST and IMDB pipelines on generated files
 

@@ -105,38 +105,80 @@ def test_agt_rows_average_every_training_seed(study):
 
 
 def test_surrogate_reads_only_the_public_shape():
-    from experiments.public_tuning import surrogate_like
-    a, b = tiny("multiclass", seed=0), tiny("multiclass", seed=1)   # other records, same shape
-    sa, sb = surrogate_like(a, 3), surrogate_like(b, 3)
+    from experiments.public_tuning import PublicShape, surrogate_like
+    a, b = tiny("multiclass", seed=0), tiny("multiclass", seed=1)
+    shape = PublicShape.of(a)
+    assert shape == PublicShape.of(b) == PublicShape(80, 30, 64, 10, (0.0, 16.0), None)
+    sa, sb = surrogate_like(shape, 3), surrogate_like(PublicShape.of(b), 3)
     for field in ("x_train", "y_train", "x_test", "y_test"):
         np.testing.assert_array_equal(getattr(sa, field), getattr(sb, field))
-    assert sa.n_train == a.n_train and sa.n_test == a.n_test and sa.n_classes == 10
+    assert sa.n_train == 80 and sa.n_test == 30 and sa.n_classes == 10
     assert sa.x_train.min() >= 0.0 and sa.x_train.max() <= 16.0
-    assert not np.array_equal(surrogate_like(a, 4).x_train, sa.x_train)
+    assert not np.array_equal(surrogate_like(shape, 4).x_train, sa.x_train)
 
 
-def test_choose_takes_the_best_score_and_the_first_of_ties():
+def test_choose_takes_the_best_mean_score_and_the_first_of_ties():
     from experiments.public_tuning import choose, grid
     cands = grid({"lr": [1, 2, 3], "e": [5]})
     assert cands == [{"lr": 1, "e": 5}, {"lr": 2, "e": 5}, {"lr": 3, "e": 5}]
-    pick = choose(cands, lambda c: {1: 0.5, 2: 0.7, 3: 0.7}[c["lr"]], "test")
-    assert pick.chosen == {"lr": 2, "e": 5}
+    table = {1: [0.5, 0.5], 2: [0.9, 0.5], 3: [0.6, 0.8]}
+    pick = choose(cands, lambda c: table[c["lr"]], "test")
+    assert pick.chosen == {"lr": 2, "e": 5}                 # mean 0.7, before lr 3's 0.7
     assert [row["score"] for row in pick.table] == [0.5, 0.7, 0.7]
+    assert pick.table[2]["scores"] == [0.6, 0.8]
     with pytest.raises(ValueError, match="non-empty list"):
         grid({"lr": []})
 
 
-def test_tuning_never_reads_the_private_data():
-    """The AGT settings are chosen on the surrogate: shuffling the private labels (and
-    redrawing its records) changes nothing in the choice or the candidates' scores."""
+def _tuning_of(dataset, **extra):
     from experiments.tradeoffs import Study
     settings = load_settings(quick=True, overrides={
-        **TINY, "agt_grid": {"learning_rate": [5.0, 50.0]}, "agt_seeds": [0]})
+        **TINY, "agt_grid": {"learning_rate": [5.0, 50.0]}, "agt_seeds": [0],
+        "tuning_seeds": [0, 1], "dpsgd": {"epochs": 1, "batch_size": 40,
+                                          "max_grad_norm": 1.0, "accountant": "rdp"},
+        "dpsgd_grid": {"learning_rate": [0.5, 5.0]}, **extra})
+    return Study(settings, dataset_by_task={"multiclass": dataset}).tuning("multiclass")
+
+
+def test_tuning_never_reads_the_private_data():
+    """The AGT and DP-SGD settings are chosen on the surrogates: other records, skewed
+    training labels, permuted test labels and another pixel distribution change nothing in
+    the choice or in any candidate's scores."""
     a = tiny("multiclass", seed=0)
     b = tiny("multiclass", seed=1)
-    b = Dataset(b.name, b.x_train, np.random.default_rng(9).permutation(b.y_train), b.x_test,
-                b.y_test, b.n_classes, b.meta)
-    ta = Study(settings, dataset_by_task={"multiclass": a}).tuning("multiclass")
-    tb = Study(settings, dataset_by_task={"multiclass": b}).tuning("multiclass")
-    assert ta["agt"] == tb["agt"] and len(ta["agt"]["candidates"]) == 2
+    rng = np.random.default_rng(9)
+    skewed = np.where(rng.random(b.n_train) < 0.7, 0, rng.integers(0, 10, b.n_train))
+    b = Dataset(b.name, 2.0 + 0.5 * b.x_train, skewed, 2.0 + 0.5 * b.x_test,
+                rng.permutation(b.y_test), b.n_classes, b.meta)
+    ta, tb = _tuning_of(a), _tuning_of(b)
+    assert ta == tb
+    assert len(ta["agt"]["candidates"]) == 2 and len(ta["dpsgd"]["candidates"]) == 2
+    assert all(len(c["scores"]) == 2 for c in ta["agt"]["candidates"] + ta["dpsgd"]["candidates"])
     assert ta["agt_params"]["learning_rate"] in (5.0, 50.0)
+    assert ta["dpsgd_params"]["learning_rate"] in (0.5, 5.0)
+
+
+def test_settings_refuse_repeated_or_negative_seeds():
+    from agt.errors import ConfigError
+    for bad in ({"agt_seeds": [0, 0]}, {"tuning_seeds": []}, {"dpsgd_seeds": [-1]}):
+        with pytest.raises(ConfigError, match="distinct seeds"):
+            load_settings(quick=True, overrides={**TINY, **bad})
+
+
+def test_multi_seed_rows_combine_the_single_seed_rows():
+    """An AGT row over seeds [0, 1] has the mean of the one-seed rows' expectations and the
+    law-of-total-variance spread (unbiased between-seed variance + mean noise variance)."""
+    from experiments.tradeoffs import Study
+    rows = {}
+    for seeds in ([0], [1], [0, 1]):
+        settings = load_settings(quick=True, overrides={**TINY, "agt_seeds": seeds})
+        study = Study(settings, dataset_by_task={"multiclass": tiny("multiclass")})
+        setup = study.setup("multiclass")
+        rows[tuple(seeds)] = study.point(setup, "exp-radius", 10.0, 0.0, 1, ("t",))
+    one = [rows[(0,)], rows[(1,)]]
+    both = rows[(0, 1)]
+    e = np.array([r["expected"] for r in one])
+    noise_var = np.array([r["std"] ** 2 for r in one])
+    assert both["expected"] == pytest.approx(e.mean())
+    assert both["std"] == pytest.approx(np.sqrt(e.var(ddof=1) + noise_var.mean()))
+    assert e[0] != e[1]           # the seeds do give other models here
