@@ -12,7 +12,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from agt.errors import ConfigError, WorkerError
-from agt.threads import available_cores, set_threads, using_threads
+from agt.threads import available_cores, requested_threads, set_threads, using_threads
 
 from experiments import budget, ensembles, heatmap, kgrid, single, teacher
 from experiments.context import Context, Outcome, markdown_table
@@ -41,10 +41,21 @@ def select(plan_experiments: tuple[str, ...], only: list[str] | None) -> list[st
 DETACHABLE = ("heatmap",)
 
 
+def auto_workers(names: list[str], threads: int | None = None) -> int:
+    """What ``workers="auto"`` means for the experiments `names`: 2 when a detachable
+    experiment runs beside others and two processes of the requested threads (--threads,
+    else OMP_NUM_THREADS, else 1) fit in the cores, else 1. Two, not more: the second
+    process takes the heat map and the ensembles' teachers stay here, one after another
+    (tiny Blobs teachers are 10x slower in worker processes, README "Measured")."""
+    per_process = requested_threads(threads, default=1)[0] or 1
+    detachable = any(n in DETACHABLE for n in names) and len(names) > 1
+    return 2 if detachable and 2 * per_process <= available_cores() else 1
+
+
 def reproduce(dataset: str, *, quick: bool = False, data_dir: str | Path | None = None,
               out: str | Path = "artifacts", only: list[str] | None = None,
               seed: int | None = None, plan_path: str | Path | None = None,
-              progress: bool = True, device: str = "cpu", workers: int = 1,
+              progress: bool = True, device: str = "cpu", workers: int | str = 1,
               threads: int | None = None) -> list[Outcome]:
     """Run the plan's experiments for `dataset`; returns one Outcome per experiment (in the
     plan's order) and writes ``<out>/<dataset>/summary.md``.
@@ -52,12 +63,16 @@ def reproduce(dataset: str, *, quick: bool = False, data_dir: str | Path | None 
     `workers`: local processes. With 1, everything runs here, the ensembles' teachers one
     after another. With N >= 2, a detachable experiment (the heat map: it trains its own
     models) runs in a spawned process of its own beside the others, and the ensembles'
-    teachers get the remaining N - 1 workers. `threads`: intra-op threads per process and
+    teachers get the remaining N - 1 workers; "auto" chooses with `auto_workers`. `threads`: intra-op threads per process and
     teacher (default: the cores divided by the processes running at once). The results do
     not depend on `workers` (tests/experiments: identical results.json)."""
     plan_file = plan_path or default_plan_path(dataset)
     plan = load_plan(plan_file, quick=quick, dataset=dataset)
     names = select(plan.experiments, only)
+    if workers == "auto":
+        workers = auto_workers(names, threads)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an integer >= 1 or 'auto', got {workers!r}")
     detached = [n for n in names if n in DETACHABLE] if workers >= 2 and len(names) > 1 else []
     local_workers = max(1, workers - len(detached))
     ctx = Context(plan, out=out, data_dir=data_dir, seed=seed, progress=progress,
@@ -66,7 +81,7 @@ def reproduce(dataset: str, *, quick: bool = False, data_dir: str | Path | None 
     _ = ctx.prepared  # load (and for OctMNIST pre-train) before any experiment: fail early
     side = None
     if detached:
-        per_process = threads or max(1, available_cores() // 2)
+        per_process = requested_threads(threads)[0] or max(1, available_cores() // 2)
         side = _Detached(detached, dict(path=str(plan_file), quick=quick, dataset=dataset,
                                         out=str(out), data_dir=data_dir, seed=seed,
                                         device=device, threads=threads), per_process)

@@ -1,7 +1,7 @@
 """``agt reproduce blobs|octmnist|imdb|tradeoffs``: run the paper's experiments for one dataset.
 
     agt reproduce DATASET [--quick] [--data-dir DIR] [--out artifacts] [--only EXP,...]
-                          [--seed N] [--plan FILE] [--device cpu|cuda] [--workers N]
+                          [--seed N] [--plan FILE] [--device cpu|cuda] [--workers N|auto]
                           [--threads N] [--quiet]
 
 Writes ``<out>/<DATASET>/<experiment>/`` (results.json, PNG plots, table.md) and
@@ -44,15 +44,21 @@ def add_parser(sub) -> None:
                    "configs/experiments/<dataset>.yaml)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="device for certification and DP-SGD (training follows the config)")
-    p.add_argument("--workers", type=positive_int, default=1, metavar="N",
-                   help="local processes (default 1). With N >= 2 the heat map runs in a "
-                        "process of its own beside the other experiments and the ensembles' "
-                        "teachers use the other N - 1; the results are identical")
+    p.add_argument("--workers", type=workers_arg, default="auto", metavar="N|auto",
+                   help="local processes. With N >= 2 the heat map runs in a process of its "
+                        "own beside the other experiments and the ensembles' teachers use "
+                        "the other N - 1; the results are identical. Default auto: 2 when "
+                        "the heat map runs beside other experiments and two processes fit "
+                        "in the cores, else 1")
     p.add_argument("--threads", type=positive_int, metavar="N",
                    help="intra-op threads of this process and of every teacher (default: "
                         "OMP_NUM_THREADS, else all cores here and 1 per teacher)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
+
+
+def workers_arg(text: str) -> int | str:
+    return "auto" if text == "auto" else positive_int(text)
 
 
 def run(args) -> int:
@@ -63,9 +69,11 @@ def run(args) -> int:
     from experiments.runner import reproduce, summary_table
 
     configure_threads(args.threads)
-    # refuse workers x threads beyond the cores before any experiment runs
-    plan_execution(args.workers, workers=args.workers, threads=args.threads,
-                   default_threads=TEACHER_THREADS)
+    # refuse workers x threads beyond the cores before any experiment runs ("auto" never
+    # asks for more than fits)
+    if args.workers != "auto":
+        plan_execution(args.workers, workers=args.workers, threads=args.threads,
+                       default_threads=TEACHER_THREADS)
     if args.dataset == "tradeoffs":
         return _run_tradeoffs(args)
 

@@ -183,7 +183,8 @@ def test_ensembles_with_worker_processes_give_the_serial_results(tmp_path, capsy
         "settings": {**BLOBS_TINY["settings"],
                      "ensembles": {"teachers": [3], "epsilons": [1.0], "repeats": 2}}})
     bodies = []
-    for name, extra in (("serial", []), ("parallel", ["--workers", "2", "--threads", "1"])):
+    for name, extra in (("serial", ["--workers", "1"]),
+                        ("parallel", ["--workers", "2", "--threads", "1"])):
         rc, _, err = run_cli(["reproduce", "blobs", "--plan", str(plan), "--out",
                               str(tmp_path / name), "--quiet", *extra], capsys)
         assert rc == 0, err
@@ -209,7 +210,8 @@ def test_heatmap_in_its_own_process_gives_the_serial_results(tmp_path, capsys):
     the same results.json (timings aside) and the summary in the plan's order."""
     plan = write_plan(tmp_path / "plan.yaml", {**BLOBS_TINY, "experiments": ["heatmap", "kgrid"]})
     bodies = []
-    for name, extra in (("serial", []), ("parallel", ["--workers", "2", "--threads", "1"])):
+    for name, extra in (("serial", ["--workers", "1"]),
+                        ("parallel", ["--workers", "2", "--threads", "1"])):
         rc, stdout, err = run_cli(["reproduce", "blobs", "--plan", str(plan), "--out",
                                    str(tmp_path / name), "--quiet", *extra], capsys)
         assert rc == 0, err
@@ -217,6 +219,26 @@ def test_heatmap_in_its_own_process_gives_the_serial_results(tmp_path, capsys):
         bodies.append({e: _without_timing(load(tmp_path / name, "blobs", e))
                        for e in ("heatmap", "kgrid")})
     assert bodies[0] == bodies[1]
+
+
+def test_auto_workers_detach_the_heatmap_only_when_two_processes_fit(monkeypatch):
+    """`--workers auto` (the default): a second process only for the heat map beside other
+    experiments, and only when two processes of the requested threads fit in the cores."""
+    import experiments.runner as runner
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runner, "available_cores", lambda: 2)
+    assert runner.auto_workers(["heatmap", "single"]) == 2
+    assert runner.auto_workers(["heatmap"]) == 1                  # nothing to run beside it
+    assert runner.auto_workers(["single", "ensembles"]) == 1     # tiny teachers stay here
+    assert runner.auto_workers(["heatmap", "single"], threads=2) == 1   # 2 x 2 > 2 cores
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert runner.auto_workers(["heatmap", "single"]) == 1
+    monkeypatch.setattr(runner, "available_cores", lambda: 1)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert runner.auto_workers(["heatmap", "single"]) == 1
+    with pytest.raises(ConfigError, match="workers"):
+        runner.reproduce("blobs", workers="many", only=["single"])
 
 
 def test_heatmap_process_failure_reaches_the_parent(tmp_path, capsys):
