@@ -54,10 +54,12 @@ class PublicShape:
 
     @staticmethod
     def of(ds: Dataset) -> "PublicShape":
-        """The public shape of `ds` (array shapes, class count, meta["feature_range"])."""
+        """The public shape of `ds` (array shapes, class count, meta["feature_range"], and
+        the task name the loader was asked for, from meta["options"])."""
         low, high = (float(v) for v in ds.meta["feature_range"])
+        task = ds.meta.get("options", {}).get("task", ds.meta.get("task"))
         return PublicShape(ds.n_train, ds.n_test, int(np.prod(ds.feature_shape)),
-                           int(ds.n_classes), (low, high), ds.meta.get("task"))
+                           int(ds.n_classes), (low, high), task)
 
 
 def surrogate_like(shape: PublicShape, seed: int, *, ink: float = INK,

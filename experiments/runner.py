@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import pickle
 import sys
 import time
 import traceback
@@ -81,7 +82,9 @@ def reproduce(dataset: str, *, quick: bool = False, data_dir: str | Path | None 
     _ = ctx.prepared  # load (and for OctMNIST pre-train) before any experiment: fail early
     side = None
     if detached:
-        per_process = requested_threads(threads)[0] or max(1, available_cores() // 2)
+        # cores // N each here and there: with N - 1 one-thread teachers beside the heat
+        # map, cores // N + N - 1 <= cores for every N <= cores (the CLI checks N x 1)
+        per_process = requested_threads(threads)[0] or max(1, available_cores() // workers)
         side = _Detached(detached, dict(path=str(plan_file), quick=quick, dataset=dataset,
                                         out=str(out), data_dir=data_dir, seed=seed,
                                         device=device, threads=threads), per_process)
@@ -129,10 +132,11 @@ def _detached_main(conn, names: list[str], args: dict, threads: int) -> None:
         conn.send(("ok", [EXPERIMENTS[n].run(ctx) for n in names]))
     except BaseException as exc:          # noqa: BLE001 - reported to the parent
         tb = traceback.format_exc()
-        try:
-            conn.send(("error", exc, tb))
-        except Exception:                 # noqa: BLE001 - an unpicklable exception
-            conn.send(("error", WorkerError(f"{type(exc).__name__}: {exc}"), tb))
+        try:   # send the exception itself only if it survives the round trip
+            pickle.loads(pickle.dumps(exc))
+        except Exception:                 # noqa: BLE001 - cannot travel: send its text
+            exc = WorkerError(f"{type(exc).__name__}: {exc}")
+        conn.send(("error", exc, tb))
     finally:
         conn.close()
 
@@ -155,16 +159,18 @@ class _Detached:
         try:
             message = self._conn.recv()
             self._reported = True
-        except EOFError:
-            self._proc.join()
+        except (EOFError, OSError, pickle.UnpicklingError) as exc:
+            self._proc.join(timeout=30)
             raise WorkerError(f"the process running {self.names} died (exit code "
-                              f"{self._proc.exitcode}) before reporting") from None
+                              f"{self._proc.exitcode}) before reporting "
+                              f"({type(exc).__name__})") from None
         if message[0] == "ok":
             return message[1]
         _, exc, tb = message
         if isinstance(exc, WorkerError):
             exc.detail = tb
-        exc.add_note(f"raised in the process running {self.names}:\n{tb}")
+        if hasattr(exc, "add_note"):      # Python >= 3.11; WorkerError keeps it in .detail
+            exc.add_note(f"raised in the process running {self.names}:\n{tb}")
         raise exc
 
     def stop(self) -> None:

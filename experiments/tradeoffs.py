@@ -467,7 +467,8 @@ class Study:
             self.timer.training += time.perf_counter() - t0
         accs = np.asarray(self._dpsgd[key])
         return {"method": "dp-sgd", "family": family("dp-sgd"), "mean": float(accs.mean()),
-                "std": float(accs.std()), "std_kind": "over the DP-SGD seeds",
+                "std": float(accs.std(ddof=1)) if accs.size > 1 else 0.0,
+                "std_kind": "over the DP-SGD seeds",
                 "expected": None, "sampled_mean": float(accs.mean()), "draws": len(accs),
                 "seeds": list(self.s.dpsgd_seeds), "epsilon_total": eps,
                 "delta_total": delta, "per_query_epsilon": None, "per_query_delta": None,

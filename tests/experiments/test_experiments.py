@@ -241,6 +241,36 @@ def test_auto_workers_detach_the_heatmap_only_when_two_processes_fit(monkeypatch
         runner.reproduce("blobs", workers="many", only=["single"])
 
 
+class _TwoArgumentError(Exception):
+    """Pickles, but does not unpickle (its __init__ wants two arguments)."""
+
+    def __init__(self, a, b):
+        super().__init__(f"broken {a} {b}")
+
+
+def test_an_exception_that_cannot_travel_reaches_the_parent_as_text(monkeypatch):
+    """The heat map's process sends an exception only if it survives a pickle round trip;
+    otherwise a WorkerError with its type and message (never a TypeError on receipt)."""
+    import multiprocessing
+
+    import torch
+
+    import experiments.runner as runner
+    from agt.errors import WorkerError
+
+    def fail(*args, **kwargs):
+        raise _TwoArgumentError(1, 2)
+
+    monkeypatch.setattr(runner, "load_plan", fail)
+    parent, child = multiprocessing.Pipe(duplex=False)
+    args = dict(path="plan.yaml", quick=False, dataset="blobs", out="unused", data_dir=None,
+                seed=None, device="cpu", threads=None)
+    runner._detached_main(child, ["heatmap"], args, torch.get_num_threads())
+    kind, exc, tb = parent.recv()
+    assert kind == "error" and isinstance(exc, WorkerError)
+    assert "_TwoArgumentError: broken 1 2" in str(exc) and "_TwoArgumentError" in tb
+
+
 def test_heatmap_process_failure_reaches_the_parent(tmp_path, capsys):
     """An error raised in the heat map's process is raised again in the parent with the
     child's traceback (the CLI's usual error exit), after the other experiments ran."""

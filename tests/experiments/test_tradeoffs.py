@@ -109,6 +109,8 @@ def test_surrogate_reads_only_the_public_shape():
     a, b = tiny("multiclass", seed=0), tiny("multiclass", seed=1)
     shape = PublicShape.of(a)
     assert shape == PublicShape.of(b) == PublicShape(80, 30, 64, 10, (0.0, 16.0), None)
+    a.meta["options"] = {"task": "multiclass"}          # how the digits loader records it
+    assert PublicShape.of(a).task == "multiclass"
     sa, sb = surrogate_like(shape, 3), surrogate_like(PublicShape.of(b), 3)
     for field in ("x_train", "y_train", "x_test", "y_test"):
         np.testing.assert_array_equal(getattr(sa, field), getattr(sb, field))
