@@ -64,9 +64,10 @@ def reproduce(dataset: str, *, quick: bool = False, data_dir: str | Path | None 
     `workers`: local processes. With 1, everything runs here, the ensembles' teachers one
     after another. With N >= 2, a detachable experiment (the heat map: it trains its own
     models) runs in a spawned process of its own beside the others, and the ensembles'
-    teachers get the remaining N - 1 workers; "auto" chooses with `auto_workers`. `threads`: intra-op threads per process and
-    teacher (default: the cores divided by the processes running at once). The results do
-    not depend on `workers` (tests/experiments: identical results.json)."""
+    teachers get the remaining N - 1 workers; "auto" chooses with `auto_workers`.
+    `threads`: intra-op threads per process and teacher (default: the cores divided by the
+    processes running at once). The results do not depend on `workers` (tests/experiments:
+    identical results.json)."""
     plan_file = plan_path or default_plan_path(dataset)
     plan = load_plan(plan_file, quick=quick, dataset=dataset)
     names = select(plan.experiments, only)
