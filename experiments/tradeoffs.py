@@ -334,10 +334,14 @@ class Study:
         return setup
 
     @staticmethod
-    def _agt_config(n_features: int, c: int, params: dict, seed: int) -> TrainConfig:
-        return TrainConfig.create([{"linear": {"in": int(n_features), "out": c}}],
-                                  "cross_entropy", seed=int(seed), device="cpu",
-                                  fragment_size=10_000, **params)
+    def _linear_config(n_features: int, c: int, seed: int, **params) -> TrainConfig:
+        """The linear cross-entropy model spec shared by the AGT and DP-SGD rows."""
+        return TrainConfig.create([{"linear": {"in": int(n_features), "out": int(c)}}],
+                                  "cross_entropy", seed=int(seed), device="cpu", **params)
+
+    @classmethod
+    def _agt_config(cls, n_features: int, c: int, params: dict, seed: int) -> TrainConfig:
+        return cls._linear_config(n_features, c, seed, fragment_size=10_000, **params)
 
     def tuning(self, task: str) -> dict:
         """The task's AGT and DP-SGD settings, chosen on public surrogates of the task's
@@ -387,8 +391,7 @@ class Study:
             def dpsgd_scores(cand: dict) -> list[float]:
                 out = []
                 for seed, sur in surrogates:
-                    spec = TrainConfig.create([{"linear": {"in": d, "out": c}}],
-                                              "cross_entropy", seed=seed, device="cpu")
+                    spec = self._linear_config(d, c, seed)
                     dp = DPSGDConfig(target_epsilon=eps_a, target_delta=delta_a, seed=seed,
                                      **{**self.s.dpsgd, **cand})
                     out.append(float(train_dpsgd(spec, sur, dp, device="cpu").test_accuracy))
@@ -453,9 +456,8 @@ class Study:
             data = validate_dataset(Dataset("digits-unit-ball", unit.transform(ds.x_train[:n]),
                                             ds.y_train[:n], unit.transform(ds.x_test),
                                             ds.y_test, ds.n_classes, {"task": task}))
-            cfg = TrainConfig.create([{"linear": {"in": data.x_train.shape[1],
-                                                  "out": ds.n_classes}}], "cross_entropy",
-                                     seed=int(self.s.dpsgd_seeds[0]), device="cpu")
+            cfg = self._linear_config(data.x_train.shape[1], ds.n_classes,
+                                      self.s.dpsgd_seeds[0])
             eps_a, delta_a = add_remove_target(eps, delta)
             accs = []
             for seed in self.s.dpsgd_seeds:

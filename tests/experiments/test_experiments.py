@@ -175,6 +175,19 @@ def test_blobs_rerun_is_deterministic_and_seed_changes_it(tmp_path, capsys):
     assert results[2]["results"]["accuracy"] != results[0]["results"]["accuracy"]
 
 
+def serial_and_parallel(plan, tmp_path, capsys) -> list[tuple[str, Path]]:
+    """`agt reproduce blobs` of `plan` with --workers 1 and with --workers 2 --threads 1:
+    (stdout, output folder) of each run, both asserted to succeed."""
+    runs = []
+    for name, extra in (("serial", ["--workers", "1"]),
+                        ("parallel", ["--workers", "2", "--threads", "1"])):
+        rc, stdout, err = run_cli(["reproduce", "blobs", "--plan", str(plan), "--out",
+                                   str(tmp_path / name), "--quiet", *extra], capsys)
+        assert rc == 0, err
+        runs.append((stdout, tmp_path / name))
+    return runs
+
+
 def test_ensembles_with_worker_processes_give_the_serial_results(tmp_path, capsys):
     """`--workers 2` trains the teachers through the same library path in two processes:
     the same ensembles (ids) and the same numbers."""
@@ -182,13 +195,8 @@ def test_ensembles_with_worker_processes_give_the_serial_results(tmp_path, capsy
         **BLOBS_TINY, "experiments": ["ensembles"],
         "settings": {**BLOBS_TINY["settings"],
                      "ensembles": {"teachers": [3], "epsilons": [1.0], "repeats": 2}}})
-    bodies = []
-    for name, extra in (("serial", ["--workers", "1"]),
-                        ("parallel", ["--workers", "2", "--threads", "1"])):
-        rc, _, err = run_cli(["reproduce", "blobs", "--plan", str(plan), "--out",
-                              str(tmp_path / name), "--quiet", *extra], capsys)
-        assert rc == 0, err
-        bodies.append(load(tmp_path / name, "blobs", "ensembles")["results"]["per_T"])
+    bodies = [load(out, "blobs", "ensembles")["results"]["per_T"]
+              for _, out in serial_and_parallel(plan, tmp_path, capsys)]
     assert len(bodies[0]) == 1
     for serial, parallel in zip(*bodies):
         for row in (serial, parallel):
@@ -210,14 +218,9 @@ def test_heatmap_in_its_own_process_gives_the_serial_results(tmp_path, capsys):
     the same results.json (timings aside) and the summary in the plan's order."""
     plan = write_plan(tmp_path / "plan.yaml", {**BLOBS_TINY, "experiments": ["heatmap", "kgrid"]})
     bodies = []
-    for name, extra in (("serial", ["--workers", "1"]),
-                        ("parallel", ["--workers", "2", "--threads", "1"])):
-        rc, stdout, err = run_cli(["reproduce", "blobs", "--plan", str(plan), "--out",
-                                   str(tmp_path / name), "--quiet", *extra], capsys)
-        assert rc == 0, err
+    for stdout, out in serial_and_parallel(plan, tmp_path, capsys):
         assert stdout.index("| heatmap |") < stdout.index("| kgrid |")
-        bodies.append({e: _without_timing(load(tmp_path / name, "blobs", e))
-                       for e in ("heatmap", "kgrid")})
+        bodies.append({e: _without_timing(load(out, "blobs", e)) for e in ("heatmap", "kgrid")})
     assert bodies[0] == bodies[1]
 
 
