@@ -144,16 +144,16 @@ def half_widths(G: torch.Tensor) -> torch.Tensor:
     return _up(G.abs().sum(1), G.shape[1])
 
 
-def logit_radii(xt: torch.Tensor, G: torch.Tensor, n_logits: int, chunk: int = 256) -> torch.Tensor:
+def logit_radii(xt: torch.Tensor, G: torch.Tensor, h: torch.Tensor, chunk: int = 256
+                ) -> torch.Tensor:
     """q[i, c] = max |x~_i . (theta_c - c_c)| over theta in Z = |x~_i^T G_c| 1, the exact radius
     of record i's logit c over the zonotope (not over its hull: the hull forgets the
-    correlations that keep logits tight), rounded up. (b, C)."""
+    correlations that keep logits tight), rounded up; h (C, d~): Z's half-widths. (b, C)."""
     b, dt = xt.shape
-    m = G.shape[1]
+    n_logits, m = h.shape[0], G.shape[1]
     if m == 0:
         return torch.zeros(b, n_logits, dtype=BOUND_DTYPE, device=xt.device)
     Gc = G.reshape(n_logits, dt, m)
-    h = half_widths(G).reshape(n_logits, dt)
     out = torch.empty(b, n_logits, dtype=BOUND_DTYPE, device=xt.device)
     for i0 in range(0, b, chunk):
         proj = torch.einsum("iu,cum->icm", xt[i0:i0 + chunk], Gc)
@@ -221,7 +221,7 @@ def zonotope_step(c: torch.Tensor, G: torch.Tensor, xt: torch.Tensor, y: torch.T
     # logit boxes over the hull, and the centre's logits (float64 rounding widened)
     zc = xt @ c.T
     round_z = gamma(dt + 2, _U64) * (xa @ c.abs().T) + _TINY * (dt + 2)
-    q = logit_radii(xt, G, C)                                     # (b, C) over Z itself
+    q = logit_radii(xt, G, h)                                     # (b, C) over Z itself
     onehot = (torch.nn.functional.one_hot(y, C).to(BOUND_DTYPE) if task.loss == "cross_entropy"
               else y.to(BOUND_DTYPE)[:, None])
     p_lo, p_hi = _prob_bounds(zc - q - round_z, zc + q + round_z, task.loss, slack)
@@ -257,12 +257,10 @@ def zonotope_step(c: torch.Tensor, G: torch.Tensor, xt: torch.Tensor, y: torch.T
     err = xa[:, None, :] * err_scalar[:, None, None]                         # (b, 1, d~)
     # linear radius |S_i| h and its rad part, per sample: |x~_u| sum_c T[.,a,u,c] q[., c]
     lin_rad = _up(xa[:, None, :] * torch.einsum("iauc,ic->iau", t_mag, q), C + 2)
-    E_rad = _up(torch.einsum("iau,iauc,ic->au", xa[:, None, :].expand(b, C, dt), t_rad, q),
-                b * C + 2)
+    E_rad = _up(torch.einsum("iu,iauc,ic->au", xa, t_rad, q), b * C + 2)
     if stats is not None:
         straddle = (~one & ~zero)[..., None]
-        E_str = torch.einsum("iau,iauc,ic->au", xa[:, None, :].expand(b, C, dt),
-                             t_rad * straddle, q)
+        E_str = torch.einsum("iu,iauc,ic->au", xa, t_rad * straddle, q)
         stats.update(straddle_fraction=float(straddle.double().mean()),
                      clamp_share=float(E_str.sum() / E_rad.sum().clamp_min(_TINY)))
     del t_mag, t_rad

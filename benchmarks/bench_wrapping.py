@@ -36,10 +36,12 @@ sys.path.insert(0, "benchmarks")
 from _zonotope import LinearTask, zonotope_boxes  # noqa: E402
 from bench_tightness import task_setup  # noqa: E402
 
+from agt.bounded.losses import loss_grad_nominal  # noqa: E402
 from agt.certify import Certifier  # noqa: E402
 from agt.interval import FloatModel  # noqa: E402
 from agt.optim import round_to  # noqa: E402
 from agt.store import from_result  # noqa: E402
+from agt.tensors import torch_dtype  # noqa: E402
 from agt.training import _batches, epoch_orders, train  # noqa: E402
 
 
@@ -58,7 +60,7 @@ def _theta(params: dict) -> torch.Tensor:
 
 
 def _plan(cfg, n: int):
-    dtype = torch.float32 if cfg.dtype == "float32" else torch.float64
+    dtype = torch_dtype(cfg.dtype)
     orders = epoch_orders(n, cfg.n_epochs, cfg.seed)
     batches = [torch.as_tensor(b) for e in range(cfg.n_epochs)
                for b in _batches(orders[e], cfg.batch_for(n))]
@@ -70,11 +72,7 @@ def _step_map(cfg, x: torch.Tensor, y: torch.Tensor, lr: float):
     xt = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)
 
     def step(theta):
-        z = xt @ theta.T
-        if cfg.loss == "binary_cross_entropy":
-            e = torch.sigmoid(z) - y.to(z.dtype)[:, None]
-        else:
-            e = torch.softmax(z, -1) - torch.nn.functional.one_hot(y, z.shape[1]).to(z.dtype)
+        e = loss_grad_nominal(cfg.loss, xt @ theta.T, y)
         g = (e[:, :, None] * xt[:, None, :]).clamp(-cfg.clip_gamma, cfg.clip_gamma)
         return theta - lr * g.mean(0)
     return step
@@ -132,7 +130,7 @@ def zonotope_vs_interval(name: str, k_values: list[int]) -> None:
     t0 = time.perf_counter()
     res = train(cfg, ds, step_callback=lambda s, th, b: traj.append(_theta(th)))
     t_int = time.perf_counter() - t0
-    dtype = torch.float32 if cfg.dtype == "float32" else torch.float64
+    dtype = torch_dtype(cfg.dtype)
     batches, lrs = _plan(cfg, ds.n_train)
     n_logits = res.nominal["0.weight"].shape[0]
     bound = float(np.abs(ds.x_train).max())       # the declared domain: the data's own range
