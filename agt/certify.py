@@ -27,6 +27,7 @@ binary search over the grid per query finds k* in O(log K) interval passes; a li
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,10 +38,12 @@ from agt.bounded.network import Network
 from agt.errors import BundleError, DataError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
 from agt import interval as iv
+from agt.stability import parameter_norm
 from agt.store import Bundle
 from agt.tensors import predicted_classes, torch_dtype
 
 _QUERY_ELEMENTS = 1 << 23
+_U64 = 2.0**-53
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,12 @@ class Certifier:
         self.trainable = self.spec.trainable_param_names()
         self.lower = {n: bundle.lower[n].to(self.device) for n in self.trainable}
         self.upper = {n: bundle.upper[n].to(self.device) for n in self.trainable}
+        self.ball = None
+        if bundle.ball_radius is not None:
+            if len(self.spec.layers) != 1 or self.spec.frozen_layers:
+                raise BundleError("a stability bundle needs a model of one trainable linear layer")
+            self.ball = torch.as_tensor(bundle.ball_radius, dtype=BOUND_DTYPE, device=self.device)
+            self.center_norm = parameter_norm({n: self.nominal[n] for n in self.trainable})
 
     # -- inputs and nominal predictions -----------------------------------------------------
     def _check_queries(self, x) -> torch.Tensor:
@@ -118,6 +127,62 @@ class Certifier:
 
     # -- certification of given (query, box) pairs ------------------------------------------
     def _certified(self, feats, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """Whether query q is certified at grid index j[q]: its box certifies, or (bound
+        method stability) its L2 ball does."""
+        ok = self._box_certified(feats, pred, j)
+        if self.ball is not None:
+            ok = ok | self._ball_certified(feats, pred, j)
+        return ok
+
+    def _ball_certified(self, feats: torch.Tensor, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """Whether every parameter theta with ||theta - c||_F <= rho_j (c the served linear
+        layer) makes the served float computation predict pred (agt/stability.py).
+
+        Exact margin at theta: m(theta) >= m(c) - s rho ||x~||, s = sqrt(2) for the margin
+        z_p - z_j of two rows (||D_p - D_j|| <= sqrt(2) ||D||_F), 1 for a single logit. The
+        served dtype computes each logit with error <= coeff(d + 2) ||theta_row|| ||x~|| +
+        abs, so both logits together within S(M) = 2 (coeff sqrt(2) M ||x~|| + abs) for
+        ||theta|| <= M = ||c|| + rho (the certifier's box test widens by the same factor 2).
+        m(c) is evaluated in float64 and lowered by its a-priori rounding bound tau. The test
+        is isotone under the nesting of agt/stability.py: a neighbour's centre differs by
+        at most rho_k(D) - rho_{k-1}(D') - xi, and xi covers tau and the norm roundings."""
+        x = feats.reshape(feats.shape[0], -1)
+        W = self.nominal[f"{self.last}.weight"].to(BOUND_DTYPE)
+        bias = self.nominal.get(f"{self.last}.bias")
+        d = x.shape[1]
+        d_terms = d + (1 if bias is not None else 0)
+        x_norm = torch.sqrt((x * x).sum(-1) + (1.0 if bias is not None else 0.0))
+        x_norm = x_norm * (1.0 + iv.gamma(d + 4, _U64)) * (1.0 + 1e-12)
+        rho = self.ball[j]
+        tau_coeff = iv.gamma(2 * d_terms + 4, _U64) * (1.0 + 1e-6)
+        if self.n_logits == 1:
+            z = x @ W[0]
+            mag = x.abs() @ W[0].abs()
+            if bias is not None:
+                b0 = bias.to(BOUND_DTYPE)[0]
+                z, mag = z + b0, mag + b0.abs()
+            margin = torch.where(pred == 1, z, -z) - tau_coeff * mag
+            scale = 1.0
+        else:
+            ar = torch.arange(x.shape[0], device=x.device)
+            diff = W[pred][:, None, :] - W[None]                                 # (Q, C, d)
+            margin = (diff * x[:, None, :]).sum(-1)
+            mag = ((W[pred].abs()[:, None, :] + W.abs()[None]) * x.abs()[:, None, :]).sum(-1)
+            if bias is not None:
+                b64 = bias.to(BOUND_DTYPE)
+                margin = margin + (b64[pred][:, None] - b64[None])
+                mag = mag + b64[pred].abs()[:, None] + b64.abs()[None]
+            margin = margin - tau_coeff * mag
+            margin[ar, pred] = torch.inf
+            margin = margin.min(-1).values
+            scale = math.sqrt(2.0)
+        big = (self.center_norm + rho) * (1.0 + 1e-12)
+        served = 2.0 * (self.fm.coeff(d_terms + 2) * math.sqrt(2.0) * big * x_norm
+                        + self.fm.absolute(d_terms + 2))
+        need = (scale * rho * x_norm + served) * (1.0 + 1e-12)
+        return margin > need
+
+    def _box_certified(self, feats, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Whether query q is certified in box j[q] (one box per query). feats: exact (Q, ...)
         or Interval (1, Q, ...)."""
         Q = pred.shape[0]

@@ -40,10 +40,12 @@ SMOOTH_SELECTIONS = ("exact",)
 #: served (nominal) parameters themselves as the k = 0 box, "interval" the paper's interval
 #: box widened for the rounding gap between float training and exact arithmetic. Boxes for
 #: k >= 1 are the same interval boxes under both.
-BOUND_METHODS = ("served-k0", "interval")
-#: bound methods whose radii satisfy r(D') >= r(D) - 1 with a smooth selection rule (both:
-#: agt/training.py, `served_k0_box`, proves it for served-k0)
-SMOOTH_BOUND_METHODS = ("served-k0", "interval")
+#: "stability" adds to the served-k0 boxes an L2 ball per k for a linear model trained by
+#: full-batch gradient descent inside a declared input domain (agt/stability.py).
+BOUND_METHODS = ("served-k0", "interval", "stability")
+#: bound methods whose radii satisfy r(D') >= r(D) - 1 with a smooth selection rule
+#: (agt/training.py, `served_k0_box`, proves it for served-k0; agt/stability.py for the balls)
+SMOOTH_BOUND_METHODS = ("served-k0", "interval", "stability")
 DEFAULT_BOUND_METHOD = "served-k0"
 FULL = "full"
 MAX_SEED = 2**32
@@ -99,6 +101,7 @@ class TrainConfig:
     pretrained: str | None = None
     selection: str = "exact"
     bound_method: str = DEFAULT_BOUND_METHOD
+    input_norm_bound: float | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------------------
@@ -261,6 +264,14 @@ def config_from_dict(raw: Any) -> TrainConfig:
     dtype = r.choice("dtype", "float64", DTYPES)
     selection = r.choice("selection", "exact", SELECTIONS)
     bound_method = r.choice("bound_method", DEFAULT_BOUND_METHOD, BOUND_METHODS)
+    norm_bound = None
+    if raw.get("input_norm_bound") is not None:
+        norm_bound = r.number("input_norm_bound", 1.0, low=0.0, low_open=True)
+    if bound_method == "stability":
+        _check_stability(model, optimizer, momentum, batch, gamma_, norm_bound, problems)
+    elif norm_bound is not None:
+        problems.add("input_norm_bound is used only by bound_method: stability; remove it or "
+                     "set bound_method: stability")
     problems.raise_if_any()
     clean = dict(raw)
     clean["k_values"] = list(k_grid)
@@ -270,7 +281,29 @@ def config_from_dict(raw: Any) -> TrainConfig:
         nesterov=nesterov, l2_reg=l2, n_epochs=epochs, batch_size=batch, clip_gamma=gamma_,
         seed=seed, k_values=k_grid, fragment_size=fragment, device=device, dtype=dtype,
         frozen_layers=model.frozen_layers, pretrained=pretrained, selection=selection,
-        bound_method=bound_method, raw=clean)
+        bound_method=bound_method, input_norm_bound=norm_bound, raw=clean)
+
+
+def _check_stability(model, optimizer, momentum, batch, gamma_, norm_bound, problems) -> None:
+    """The setting agt/stability.py proves its balls for."""
+    why = "bound_method: stability"
+    if model is not None and (len(model.layers) != 1 or model.layers[0].kind != "linear"
+                              or model.frozen_layers):
+        problems.add(f"{why} needs a model of exactly one trainable linear layer (a linear "
+                     f"head on fixed features); use served-k0 for other models")
+    if optimizer != "sgd" or momentum != 0.0:
+        problems.add(f"{why} needs optimizer: sgd without momentum (gradient descent)")
+    if batch != FULL:
+        problems.add(f"{why} needs batch_size: full")
+    if norm_bound is None:
+        problems.add(f"{why} needs input_norm_bound: an L2 norm bound R that every record of "
+                     f"every dataset in the relation satisfies (the declared input domain)")
+        return
+    bias = model is not None and model.layers and getattr(model.layers[0], "bias", True)
+    need = max(norm_bound, 1.0 if bias else 0.0)
+    if gamma_ < need:
+        problems.add(f"{why} needs clip_gamma >= {need:g} (max(input_norm_bound, 1 for the "
+                     f"bias)) so that the clamp never acts; got clip_gamma {gamma_:g}")
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -56,6 +56,8 @@ SELECTIONS = ("exact", "threshold")
 SMOOTH_SELECTIONS = ("exact",)
 #: what a bundle written before the bound_method attribute existed used
 LEGACY_BOUND_METHOD = "interval"
+#: the L2 radius per k of bound method "stability" (agt/stability.py)
+BALL_PATH = "stability_radius"
 _STRING_ATTRS = ("format", "config", "model", "dataset_sha256", "created", "agt_version",
                  "relations", "dtype", "bound_dtype", "rounding", "selection", "parent",
                  "content_sha256")
@@ -82,6 +84,7 @@ class Bundle:
     selection: str = "exact"
     parent: dict | None = field(default=None)
     bound_method: str = LEGACY_BOUND_METHOD
+    ball_radius: np.ndarray | None = None   # (K,) L2 radii, bound method "stability" only
 
     @property
     def bundle_id(self) -> str:
@@ -126,7 +129,9 @@ def from_result(result, parent: dict | None = None) -> Bundle:
                   result.config.dtype, result.n_train,
                   _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   selection=result.config.selection, parent=parent,
-                  bound_method=result.config.bound_method)
+                  bound_method=result.config.bound_method,
+                  ball_radius=None if result.ball_radius is None
+                  else np.asarray(result.ball_radius, dtype=np.float64))
 
 
 def _attrs(bundle: Bundle) -> dict[str, Any]:
@@ -144,21 +149,23 @@ def _attrs(bundle: Bundle) -> dict[str, Any]:
     }
 
 
-def dataset_paths(names, k_values) -> list[str]:
+def dataset_paths(names, k_values, ball: bool = False) -> list[str]:
     """Every dataset path of a bundle, in the fixed order the content hash uses."""
     names = sorted(names)
     paths = [f"{group}/{n}" for group in ("init", "nominal") for n in names]
     paths += [f"bounds/{k}/{side}/{n}" for k in k_values for side in ("lower", "upper")
               for n in names]
-    return paths + ["order"]
+    return paths + ["order"] + ([BALL_PATH] if ball else [])
 
 
 def _datasets(bundle: Bundle):
     """(path, array) of every dataset, in the order of `dataset_paths`."""
     j_of = {k: j for j, k in enumerate(bundle.k_values)}
-    for path in dataset_paths(bundle.nominal, bundle.k_values):
+    for path in dataset_paths(bundle.nominal, bundle.k_values, bundle.ball_radius is not None):
         parts = path.split("/")
-        if parts[0] in ("init", "nominal"):
+        if path == BALL_PATH:
+            yield path, np.asarray(bundle.ball_radius, dtype=np.float64)
+        elif parts[0] in ("init", "nominal"):
             yield path, getattr(bundle, parts[0])[parts[1]].detach().cpu().numpy()
         elif parts[0] == "bounds":
             values = bundle.lower if parts[2] == "lower" else bundle.upper
@@ -342,10 +349,19 @@ def _read(path: Path) -> Bundle:
                 any(not np.array_equal(np.sort(row), np.arange(n_train)) for row in order):
             raise BundleError(f"{path}: /order must be (epochs, n_train) with every row a "
                               f"permutation of the record indices")
+        ball = None
+        method = attrs.get("bound_method", LEGACY_BOUND_METHOD)
+        if (method == "stability") != (BALL_PATH in f):
+            raise BundleError(f"{path}: /{BALL_PATH} must be present exactly when bound_method "
+                              f"is stability (bound_method {method!r})")
+        if BALL_PATH in f:
+            ball = np.asarray(f[BALL_PATH])
+            if ball.dtype != np.float64 or ball.shape != (len(meta["k_values"]),):
+                raise BundleError(f"{path}: /{BALL_PATH} must be float64 with one radius per k")
     bundle = Bundle(path, spec, meta["config"], meta["k_values"], init, nominal, lower, upper,
                     order, meta["relations"], attrs["dataset_sha256"], attrs["dtype"], n_train,
                     attrs["created"], attrs["agt_version"], attrs["selection"], meta["parent"],
-                    attrs.get("bound_method", LEGACY_BOUND_METHOD))
+                    method, ball)
     recomputed = _content_hash({k: v for k, v in attrs.items() if k != "content_sha256"},
                                _datasets(bundle))
     if recomputed != attrs["content_sha256"]:
@@ -388,3 +404,9 @@ def validate_bundle(bundle: Bundle) -> None:
                               f"k={bundle.k_values[j]}; the bundle is corrupt or unsound")
         if lo.shape[0] > 1 and (bool((lo[1:] > lo[:-1]).any()) or bool((hi[1:] < hi[:-1]).any())):
             raise BundleError(f"{where}: bounds of '{name}' are not nested in k")
+    ball = bundle.ball_radius
+    if ball is not None:
+        if np.isnan(ball).any() or (ball < 0).any() or (np.diff(ball) < 0).any() or \
+                (bundle.k_values[0] == 0 and ball[0] != 0.0):
+            raise BundleError(f"{where}: /{BALL_PATH} must be >= 0, 0 at k = 0 and "
+                              f"non-decreasing in k")

@@ -17,7 +17,10 @@ stored in the bundle (``/order``).
 
 Bound method (config ``bound_method``): "served-k0" (default) stores the served parameters
 themselves as the k = 0 box (`served_k0_box`: valid, nested and smooth); "interval" keeps
-the paper's interval box at k = 0 too. Boxes of k >= 1 are the same under both.
+the paper's interval box at k = 0 too. Boxes of k >= 1 are the same under all methods;
+"stability" (a linear head trained by full-batch gradient descent inside a declared input
+domain) adds one L2 ball per k around the served parameters (agt/stability.py), and a
+query is certified at k when its box or its ball certifies.
 
 Neighbouring relations certified. Batches are a function of the record index, so replacing
 up to k records keeps every batch slot: every bundle certifies ``replace-one``. When every
@@ -48,6 +51,7 @@ from agt.errors import ConfigError, DataError, SoundnessError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
 from agt.models import ModelSpec, infer_shapes, init_params
 from agt.optim import UpdateRule, round_to
+from agt.stability import StabilityProblem, check_domain, parameter_norm
 from agt.tensors import resolve_device, torch_dtype
 from agt.topk import DescentAccumulator, ThresholdAccumulator, order_statistics
 
@@ -81,6 +85,7 @@ class TrainResult:
     n_train: int
     seconds: float
     extra: dict = field(default_factory=dict)
+    ball_radius: np.ndarray | None = None          # (K,) bound method "stability"
 
 
 def epoch_orders(n: int, n_epochs: int, seed: int) -> np.ndarray:
@@ -142,6 +147,11 @@ class _Trainer:
         k_max = cfg.k_values.k_max
         one_batch = cfg.full_batch or int(cfg.batch_size) >= self.n + k_max
         self.relations = (REPLACE, ADD_REMOVE) if one_batch else (REPLACE,)
+        self.stability = None
+        if cfg.bound_method == "stability":
+            # the balls hold for a fixed divisor n: replace-one only (agt/stability.py)
+            self.relations = (REPLACE,)
+            check_domain(ds.x_train, cfg.input_norm_bound)
         self.gamma = cfg.clip_gamma
         self.rule = UpdateRule.from_config(cfg, self.dtype)
         params = init_params(self.spec, cfg.seed, self.dtype)
@@ -154,6 +164,11 @@ class _Trainer:
         x = torch.as_tensor(ds.x_train, dtype=self.dtype, device=device)
         self.y = torch.as_tensor(ds.y_train, dtype=torch.int64, device=device)
         self.x_nominal, self.x_bounds = self._features(x)
+        if cfg.bound_method == "stability":
+            layer = self.spec.layers[0]
+            self.stability = StabilityProblem.build(
+                cfg.loss, self.spec.n_logits, int(self.x_nominal[0].numel()), layer.bias,
+                self.x_bounds, self.rule.l2, cfg.input_norm_bound, self.dtype)
 
     def _features(self, x: torch.Tensor):
         """Inputs of the trainable part: nominal (dtype) and for the bound pass an exact
@@ -326,9 +341,12 @@ class _Trainer:
         plan = [(e, b) for e in range(cfg.n_epochs) for b in _batches(orders[e], self.batch_size)]
         bar = tqdm(plan, desc=f"AGT train (K={K})" if with_bounds else "train",
                    unit="step", disable=not progress, leave=False)
+        lrs, norms = [], []
         for step, (epoch, batch) in enumerate(bar):
             idx = torch.as_tensor(batch, device=self.device)
             lr = round_to(cfg.learning_rate_at(step), self.dtype)
+            lrs.append(lr)
+            norms.append(parameter_norm(theta))
             use_thresholds = with_bounds and cfg.selection == "threshold"
             direction, stats = self.nominal_direction(
                 theta, idx, k_max=int(k_tensor.max()) if use_thresholds else 0)
@@ -358,10 +376,15 @@ class _Trainer:
                 else:  # frozen: exact
                     v = value.to(BOUND_DTYPE).unsqueeze(0).expand(K, *value.shape)
                     lower[name], upper[name] = v.clone(), v.clone()
-            if cfg.bound_method == "served-k0":
+            if cfg.bound_method in ("served-k0", "stability"):
                 lower, upper = served_k0_box(k_list, nominal, lower, upper)
+        ball = None
+        if with_bounds and self.stability is not None:
+            norms.append(parameter_norm(theta))
+            ball = self.stability.radii(k_list, lrs, norms)
         return TrainResult(cfg, self.spec, k_list, self.init, nominal, lower, upper, orders,
-                           self.relations, ds_sha, self.n, time.perf_counter() - t_start)
+                           self.relations, ds_sha, self.n, time.perf_counter() - t_start,
+                           ball_radius=ball)
 
 
 def served_k0_box(k_values: tuple[int, ...], nominal: dict[str, torch.Tensor],

@@ -98,7 +98,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agt.bounded.losses import _abs_slack, softmax_bounds
+from agt.bounded.losses import transcendental_slack, softmax_bounds
 from agt.errors import ConfigError, DataError, SoundnessError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval, gamma
 
@@ -214,7 +214,7 @@ def zonotope_step(c: torch.Tensor, G: torch.Tensor, xt: torch.Tensor, y: torch.T
     b = xt.shape[0]
     eta = lr / b
     u = fm.unit_roundoff
-    slack = _abs_slack(fm, C)
+    slack = transcendental_slack(fm, C)
     h = half_widths(G).reshape(C, dt)
     xa = xt.abs()
     theta_mag = c.abs() + h                                       # |theta| over the hull

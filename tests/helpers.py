@@ -54,7 +54,8 @@ def restamp(path) -> None:
         attrs = store._read_attrs(f, path)
         spec = store.ModelSpec.from_json(attrs["model"])
         arrays = [(p, np.asarray(f[p])) for p in
-                  store.dataset_paths(spec.param_shapes, [int(k) for k in attrs["k_values"]])]
+                  store.dataset_paths(spec.param_shapes, [int(k) for k in attrs["k_values"]],
+                                      store.BALL_PATH in f)]
         f.attrs["content_sha256"] = store._content_hash(
             {k: v for k, v in attrs.items() if k != "content_sha256"}, arrays)
 

@@ -26,7 +26,8 @@ from agt.interval import BOUND_DTYPE, FloatModel, Interval
 _TRANSCENDENTAL_ULPS = 16
 
 
-def _abs_slack(fm: FloatModel, n_classes: int) -> float:
+def transcendental_slack(fm: FloatModel, n_classes: int) -> float:
+    """Absolute error allowed for a nominal (or float64) softmax/sigmoid output in [0, 1]."""
     u64 = 2.0**-53
     per_op = _TRANSCENDENTAL_ULPS * (fm.unit_roundoff + u64)
     return (n_classes + 4) * 2.0 * per_op
@@ -52,7 +53,7 @@ def loss_grad_nominal(loss: str, z: torch.Tensor, y: torch.Tensor) -> torch.Tens
 def loss_grad_bounds(loss: str, z: Interval, y: torch.Tensor, fm: FloatModel) -> Interval:
     """Interval dL/dz for logit boxes z (G, b, C) and labels y (b,)."""
     n_classes = z.shape[-1]
-    slack = _abs_slack(fm, n_classes)
+    slack = transcendental_slack(fm, n_classes)
     if loss == "binary_cross_entropy":
         yy = y.to(BOUND_DTYPE)[None, :, None]
         lo = torch.sigmoid(z.lo) - yy

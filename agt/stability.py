@@ -1,0 +1,239 @@
+"""L2 stability balls (bound method "stability"): parameter certificates that grow linearly,
+not exponentially, with the number of gradient steps, for a linear model trained by
+full-batch gradient descent.
+
+Setting (checked by `agt.config`): the model is one trainable linear layer (logits
+a = W x + b, no frozen prefix), loss cross_entropy or binary_cross_entropy, optimizer sgd
+without momentum (L2 allowed), ``batch_size: full``, and a *declared input domain*
+``input_norm_bound`` R: every record of every dataset in the relation has ||x||_2 <= R
+(the training data are checked against it). ``clip_gamma >= max(R, 1)`` makes the
+elementwise clamp provably inactive: an exact per-sample gradient entry is g_c x~_j with
+|g_c| < 1 and |x~_j| <= R (x~ = (x, 1) with a bias), so the nominal rule is exact gradient
+descent on F_D(theta) = (1/n) sum_i l(theta; z_i) + (l2/2) ||theta||^2.
+
+Certificate. For every dataset D'' that replaces at most k records of D, the parameters
+the float training rule computes on D'' lie in the Frobenius ball B(theta_T(D), rho_k)
+around the served parameters. Derivation (Hardt, Recht & Singer 2016, "Train faster,
+generalize better", Lemmas 3.6-3.7, made float-sound). With d_t = theta_t(D'') - theta_t(D)
+and Phi_D(theta) = theta - lr_t grad F_D(theta) the exact step on D,
+
+    d_{t+1} = [Phi_D(theta'') - Phi_D(theta)]                     (expansion)
+            + lr_t [grad F_D - grad F_D''](theta'')               (replaced records)
+            + (float error of the step on D'') - (that on D).
+
+* Expansion: Phi_D(a) - Phi_D(b) = (I - lr (Hbar + l2 I)) (a - b), Hbar the Hessian of the
+  data term averaged over the segment [b, a]: symmetric with 0 <= Hbar <= h lambda_max(
+  X~^T X~ / n), h = 1/2 for cross-entropy (diag(p) - p p^T <= 1/2, agt/baselines/convex.py)
+  and 1/4 for the logistic loss. So ||.|| <= L_t ||d_t||, L_t = max(|1 - lr l2|,
+  |1 - lr (beta + l2)|) for any beta >= h lambda_max: <= 1 when lr (beta + l2) <= 2.
+* Replaced records: each contributes lr/n ||g(z'') x~''^T - g(z_i) x~_i^T|| <= 2 G R~ lr/n,
+  G = sqrt(2) (cross-entropy: ||softmax - e_y|| < sqrt 2) or 1 (logistic), R~ = sqrt(R'^2
+  + 1) (R' = R (1 + 2u): the records as the training dtype rounds them).
+* Float error: `step_float_error` bounds, for any in-domain dataset and any parameters of
+  Frobenius norm <= N, the distance of the float step (agt/training.py's nominal rule) from
+  the exact step; every operation is charged with Higham's gamma bounds and the engine's
+  one transcendental assumption (agt/bounded/losses.py).
+
+beta: lambda_max(X~^T X~ / n) <= ||X~^T X~||_{S4} / n (the Schatten-4 norm, (sum lambda^4)^(1/4),
+computed as ||A^2||_F^(1/2) with a-priori rounding bounds: `gram_eigen_bound`); it is within
+1 % of lambda_max on scikit-learn digits and on an IMDB-like 768-d head.
+
+Recursion (every k of the grid; A_0 = 0; N_t = ||theta_t(D)|| the served run's norm):
+
+    beta_k   = beta(D) + k h R~^2 (1 + s) / n + k s h R~^2
+    A_{t+1}  = (L_t(beta_k) A_t + lr_t k 2 G R~ / n + k 2 eps_t(N_t + (1 + s) A_t + k xi_t)) (1 + 1e-12)
+    rho_k    = (1 + s) A_T + k xi_T,       xi_t = s (Npub_t + 1),   s = 1e-9,
+
+Npub_t a public bound on the parameter norm of any in-domain run (`public_norm_bounds`).
+Validity: by induction ||d_t|| <= A_t(k) (the two float errors are each <= eps_t at the
+norms N_t and N_t + A_t, and 2 eps <= 2 k eps for k >= 1). k = 0 is the served point.
+
+Nesting (what r(D') >= r(D) - 1 needs, DESIGN.md): B(theta(D'), rho_{k-1}(D')) lies inside
+B(theta(D), rho_k(D)) with room xi_T to spare, for D' a neighbour of D. Induction on t with
+A_t(k-1; D') + ||theta_t(D') - theta_t(D)|| <= A_t(k; D): beta(D') <= beta(D) + h R~^2 / n
+(the S4 norm is a norm and monotone on PSD matrices: removing a record cannot increase it,
+adding one adds at most R~^2 / n), so L_t(D', k-1) <= L_t(D, k); N_t(D') <= N_t(D) +
+A_t(1; D) makes every eps argument of D' at k-1 at most that of D at k; the replaced-record
+terms add up exactly ((k - 1) + 1 = k). The relative slack s and the per-unit-k slack
+xi absorb the float64 rounding of the recursion, of the norms and of beta (all below 1e-12
+relative) and the rounding of the certifier's margin at the centre
+(agt/certify.py, `Certifier._ball_certified`), whose test is then isotone under this
+inclusion. Add-remove is not covered (the divisor n changes): stability bundles certify
+replace-one only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from agt.bounded.losses import transcendental_slack
+from agt.errors import DataError
+from agt.interval import FloatModel, gamma
+
+#: sup of lambda_max of the loss Hessian in the logits
+HESSIAN_BOUND = {"cross_entropy": 0.5, "binary_cross_entropy": 0.25}
+#: sup of ||dL/dz||_2 over logits and labels (not attained)
+LOGIT_GRADIENT_BOUND = {"cross_entropy": math.sqrt(2.0), "binary_cross_entropy": 1.0}
+SLACK = 1e-9
+_U64 = 2.0**-53
+_UP = 1.0 + 1e-12
+
+
+def padded_norm_bound(norm: float, bias: bool, unit_roundoff: float) -> float:
+    """R~ = sqrt((R (1 + 2u))^2 + bias): the norm of (x, 1) for a record of norm <= R after
+    rounding to the training dtype."""
+    r = norm * (1.0 + 2.0 * unit_roundoff)
+    return math.sqrt(r * r + (1.0 if bias else 0.0)) * _UP
+
+
+def check_domain(x: np.ndarray, norm: float, what: str = "training record") -> None:
+    """Every row of ``x`` (n, ...) must have L2 norm <= ``norm`` (the declared domain)."""
+    flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    sq = np.einsum("ij,ij->i", flat, flat)
+    bad = np.nonzero(sq > norm * norm * (1.0 + 1e-12))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise DataError(f"{what} {i} has L2 norm {math.sqrt(sq[i]):.6g} > input_norm_bound "
+                        f"{norm:g} ({bad.size} records outside the declared domain); scale the "
+                        f"features or raise input_norm_bound (bound_method: stability needs "
+                        f"every record inside it)")
+
+
+def gram_eigen_bound(x: torch.Tensor, bias: bool) -> float:
+    """A rigorous upper bound on lambda_max(X~^T X~ / n) for exact float64 data x (n, d).
+
+    ||A||_{S4} = ||A^2||_F^(1/2) >= lambda_max(A) for symmetric A. With G^ the float64 Gram
+    matrix (mirrored from its upper triangle, so exactly symmetric), |G^ - G| <= gamma_n
+    |X~|^T |X~| entrywise, whose Frobenius norm is <= gamma_n sum_i ||x~_i||^2; with C^ the
+    float64 product G^ G^, |C^ - G^^2| <= gamma_d |G^|^2. So
+    ||G||_{S4} <= (||C^||_F + gamma_d || |G^| ||_F^2)^(1/2) + gamma_n sum_i ||x~_i||^2."""
+    x = x.to(torch.float64).reshape(x.shape[0], -1)
+    if bias:
+        x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)], dim=1)
+    n, d = x.shape
+    gram = x.T @ x
+    upper = torch.triu(gram)
+    gram = upper + torch.triu(gram, 1).T
+    sq_norms = float((x * x).sum()) * (1.0 + gamma(n * d + 2, _U64))
+    err_gram = gamma(n + 2, _U64) * sq_norms
+    square = gram @ gram
+    fro_square = float(torch.linalg.norm(square)) * (1.0 + gamma(d * d + 4, _U64))
+    fro_abs = float(torch.linalg.norm(gram)) * (1.0 + gamma(d * d + 4, _U64))
+    s4 = math.sqrt((fro_square + gamma(d + 2, _U64) * fro_abs * fro_abs) * _UP) * _UP
+    return (s4 + err_gram) * _UP / n * _UP
+
+
+@dataclass(frozen=True)
+class StabilityProblem:
+    """The constants of the recursion (module docstring)."""
+
+    loss: str
+    n_logits: int
+    in_features: int
+    bias: bool
+    n: int
+    l2: float
+    padded_norm: float          # R~
+    beta: float                 # h lambda_max bound of the data term's Hessian on D
+    fm: FloatModel
+
+    @property
+    def h(self) -> float:
+        return HESSIAN_BOUND[self.loss]
+
+    @property
+    def grad_bound(self) -> float:
+        return LOGIT_GRADIENT_BOUND[self.loss]
+
+    @staticmethod
+    def build(loss: str, n_logits: int, in_features: int, bias: bool, x_exact: torch.Tensor,
+              l2: float, input_norm_bound: float, dtype: torch.dtype) -> "StabilityProblem":
+        fm = FloatModel(dtype)
+        r = padded_norm_bound(input_norm_bound, bias, fm.unit_roundoff)
+        beta = HESSIAN_BOUND[loss] * gram_eigen_bound(x_exact, bias)
+        return StabilityProblem(loss, n_logits, in_features, bias, int(x_exact.shape[0]),
+                                float(l2), r, beta, fm)
+
+    # -- one step ---------------------------------------------------------------------------
+    def step_float_error(self, norm: float, lr: float) -> float:
+        """eps(N): ||float step - exact step|| for any in-domain batch of n records and any
+        parameters theta with ||theta||_F <= N (agt/training.py's nominal rule, sgd).
+
+        logits (d~ terms each): ||dz|| <= coeff(d~) N R~ + sqrt(C) abs(d~);
+        dL/dz: ||dg|| <= h ||dz|| + sqrt(C) tau (softmax/sigmoid are h-Lipschitz in l2; tau
+        the transcendental slack); per-sample gradient g x~^T: ||dG|| <= ||dg|| R~ +
+        u (G + ||dg||) R~ (one product rounding; the clamp is non-expansive towards the exact
+        value, which lies inside [-gamma, gamma]); float64 sum of n, division by n, cast:
+        (gamma64_n + u64 + u) M, M = (G + ||dg||) R~ (1 + u); update theta - lr (d + l2
+        theta): u (l2 N + ||d + l2 theta||) lr + u lr ||.|| + u (N + lr ||.||)."""
+        fm = self.fm
+        u = fm.unit_roundoff
+        C = self.n_logits
+        d_terms = self.in_features + (1 if self.bias else 0)
+        P = C * d_terms
+        r = self.padded_norm
+        dz = fm.coeff(d_terms) * norm * r + math.sqrt(C) * fm.absolute(d_terms)
+        dg = self.h * dz + math.sqrt(C) * transcendental_slack(fm, C)
+        per_record = (self.grad_bound + dg) * r * (1.0 + u)
+        d_rec = dg * r + u * per_record
+        d_mean = d_rec + (gamma(self.n + 2, _U64) + _U64 + u) * per_record * (1.0 + 2 * u)
+        direction = (per_record + self.l2 * norm) * (1.0 + 4 * u)
+        d_update = u * (self.l2 * norm + direction) * lr + u * lr * direction \
+            + u * (norm + lr * direction) * (1.0 + 4 * u)
+        tiny = 8.0 * P * fm.absolute(1)
+        return (lr * d_mean + d_update) * (1.0 + 1e-6) + tiny
+
+    def expansion(self, beta: float, lr: float) -> float:
+        """L = max(|1 - lr l2|, |1 - lr (beta + l2)|): the Lipschitz constant of the exact
+        gradient step of an objective whose Hessian lies in [l2, beta + l2]."""
+        return max(abs(1.0 - lr * self.l2), abs(1.0 - lr * (beta + self.l2))) * _UP
+
+    # -- the whole run ----------------------------------------------------------------------
+    def public_norm_bounds(self, init_norm: float, lrs: list[float]) -> list[float]:
+        """Npub_t >= ||theta_t|| for the float run on any in-domain dataset (t = 0..T):
+        ||theta_{t+1}|| <= |1 - lr l2| N + lr G R~ + eps(N)."""
+        out = [init_norm * (1.0 + SLACK)]
+        for lr in lrs:
+            n = out[-1]
+            nxt = abs(1.0 - lr * self.l2) * n + lr * self.grad_bound * self.padded_norm \
+                + self.step_float_error(n, lr)
+            out.append(nxt * (1.0 + SLACK))
+        return out
+
+    def radii(self, k_values, lrs: list[float], norms: list[float]) -> np.ndarray:
+        """rho_k for every k of the grid (module docstring). ``lrs``: the learning rate of
+        each step as the nominal rule used it; ``norms``: ||theta_t(D)||_F before each step
+        (upper bounds), t = 0..T-1; ``norms`` has one more entry, the final norm (unused
+        except for its length check)."""
+        if len(norms) != len(lrs) + 1:
+            raise ValueError("norms needs one entry per step plus the final one")
+        pub = self.public_norm_bounds(norms[0], lrs)
+        xi = [SLACK * (p + 1.0) for p in pub]
+        r2 = self.padded_norm ** 2
+        out = np.zeros(len(k_values), dtype=np.float64)
+        for j, k in enumerate(k_values):
+            if k == 0:
+                continue
+            beta_k = self.beta + k * self.h * r2 * (1.0 + SLACK) / self.n + k * SLACK * self.h * r2
+            a = 0.0
+            for t, lr in enumerate(lrs):
+                arg = norms[t] * _UP + (1.0 + SLACK) * a + k * xi[t]
+                a = (self.expansion(beta_k, lr) * a
+                     + lr * k * 2.0 * self.grad_bound * self.padded_norm / self.n
+                     + k * 2.0 * self.step_float_error(arg, lr)) * _UP
+                if not math.isfinite(a):
+                    a = math.inf
+                    break
+            out[j] = (1.0 + SLACK) * a + k * xi[len(lrs)]
+        return out
+
+
+def parameter_norm(theta: dict[str, torch.Tensor]) -> float:
+    """An upper bound on the Frobenius norm of all trainable parameters together."""
+    total = sum(float((t.to(torch.float64) ** 2).sum()) for t in theta.values())
+    count = sum(t.numel() for t in theta.values())
+    return math.sqrt(total * (1.0 + gamma(count + 2, _U64))) * _UP

@@ -1,0 +1,344 @@
+"""Bound method "stability" (agt/stability.py): L2 balls around the served linear head.
+
+Falsification (retrain on random and adversarial neighbours within distance k, float64 and
+float32, contractive and expansive step sizes: every retrained model lies in the ball),
+certificates (the worst parameters inside a certifying ball keep the served class),
+neighbour nesting and smoothness (r(D') >= r(D) - 1), weakened versions of each term that
+these tests catch, config and domain errors, and the bundle round trip.
+"""
+
+from __future__ import annotations
+
+import math
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import agt.stability as stability
+from agt.certify import Certifier
+from agt.data import Dataset
+from agt.errors import BundleError, ConfigError, DataError
+from agt.store import BALL_PATH, from_result, read_bundle, write_bundle
+from agt.training import train, train_nominal
+
+from tests.helpers import config, restamp
+
+R = 2.0
+
+
+def ball_data(n: int, n_test: int, dim: int, n_classes: int, seed: int, radius: float = R):
+    """Gaussian classes projected into the ball of radius ``radius``."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(size=(n_classes, dim))
+    y = rng.integers(0, n_classes, size=n + n_test)
+    x = means[y] * 0.8 + rng.normal(size=(n + n_test, dim)) * 0.7
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    x = x * np.minimum(1.0, radius / norms)
+    return Dataset("ball", x[:n], y[:n], x[n:], y[n:], n_classes)
+
+
+def head(dim, n_classes, **kw):
+    out = 1 if n_classes == 2 and kw.get("loss") == "binary_cross_entropy" else n_classes
+    loss = kw.pop("loss", "cross_entropy")
+    base = dict(learning_rate=0.3, lr_decay=0.0, n_epochs=12, batch_size="full",
+                clip_gamma=max(R, 1.0), k_values=[0, 1, 2, 3], dtype="float64",
+                bound_method="stability", input_norm_bound=R)
+    base.update(kw)
+    return config([{"linear": {"in": dim, "out": out}}], loss, **base)
+
+
+def neighbour(ds: Dataset, m: int, rng, kind: str) -> Dataset:
+    """Replace m records: random domain points, or adversarial ones (norm R, pointing away
+    from the replaced record, with another label)."""
+    x, y = ds.x_train.copy(), ds.y_train.copy()
+    idx = rng.choice(len(y), size=m, replace=False)
+    if kind == "random":
+        z = rng.normal(size=x[idx].shape)
+        x[idx] = z * (rng.uniform(0, R, size=(m, 1)) / np.linalg.norm(z, axis=1, keepdims=True))
+    else:
+        x[idx] = -x[idx] / np.linalg.norm(x[idx], axis=1, keepdims=True) * R
+    y[idx] = (y[idx] + rng.integers(1, ds.n_classes, size=m)) % ds.n_classes
+    return Dataset(ds.name, x, y, ds.x_test, ds.y_test, ds.n_classes)
+
+
+def distance(a: dict, b: dict) -> float:
+    return math.sqrt(sum(float(((a[n].to(torch.float64) - b[n].to(torch.float64)) ** 2).sum())
+                         for n in a))
+
+
+def worst_ratio(cfg, ds, trials: int, seed: int) -> float:
+    """max over retrained neighbours within distance k of ||theta'' - theta|| / rho_k."""
+    res = train(cfg, ds)
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for t in range(trials):
+        for j, k in enumerate(res.k_values):
+            if k == 0:
+                continue
+            other = train_nominal(cfg, neighbour(ds, k, rng, ("random", "adversarial")[t % 2]))
+            worst = max(worst, distance(other, res.nominal) / res.ball_radius[j])
+    return worst
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("lr", [0.3, 1.6])          # lr * beta below and above 2
+def test_retrained_neighbours_stay_in_the_ball(dtype, lr):
+    ds = ball_data(80, 20, 4, 3, seed=1)
+    cfg = head(4, 3, dtype=dtype, learning_rate=lr)
+    assert worst_ratio(cfg, ds, trials=6, seed=2) <= 1.0
+
+
+def test_binary_head_and_l2():
+    ds = ball_data(80, 20, 4, 2, seed=3)
+    cfg = head(4, 2, loss="binary_cross_entropy", l2_reg=0.05, learning_rate=0.5)
+    assert worst_ratio(cfg, ds, trials=6, seed=4) <= 1.0
+
+
+# -- the replaced-record term is tight: a weakened one is caught ------------------------------
+
+def saturated_one_step(tmp_path, radius=10.0):
+    """One step of the logistic loss from w = 0, b = -30 (sigmoid ~ 0): a record (R e1, 1)
+    has gradient -(R e1, 1); replacing it by (-R e1, 1) moves the step by 2 R lr / n, 99.5 %
+    of the bound 2 G R~ lr / n."""
+    n = 10
+    x = np.zeros((n, 2))
+    x[:, 1] = np.linspace(-1, 1, n)
+    x[0] = [radius, 0.0]
+    y = np.zeros(n, dtype=np.int64)
+    y[0] = 1
+    ds = Dataset("sat", x, y, x[:2], y[:2], 2)
+    init = tmp_path / "init.npz"
+    np.savez(init, **{"0.weight": np.zeros((1, 2)), "0.bias": np.array([-30.0])})
+    cfg = config([{"linear": {"in": 2, "out": 1}}], "binary_cross_entropy", learning_rate=1.0,
+                 lr_decay=0.0, n_epochs=1, batch_size="full", clip_gamma=radius,
+                 k_values=[0, 1], bound_method="stability", input_norm_bound=radius,
+                 pretrained=str(init))
+    x2 = x.copy()
+    x2[0] = [-radius, 0.0]
+    return cfg, ds, Dataset("sat", x2, y, x[:2], y[:2], 2)
+
+
+def test_replacement_term_is_tight_and_weakened_version_fails(tmp_path, monkeypatch):
+    cfg, ds, other = saturated_one_step(tmp_path)
+    res = train(cfg, ds)
+    moved = distance(train_nominal(cfg, other), res.nominal)
+    assert moved <= res.ball_radius[1]
+    assert moved > 0.99 * res.ball_radius[1]
+    monkeypatch.setitem(stability.LOGIT_GRADIENT_BOUND, "binary_cross_entropy", 0.9)
+    weak = train(cfg, ds)
+    assert moved > weak.ball_radius[1]
+
+
+# -- the expansion factor: an expansive step size, and weakened factors that miss it ---------
+
+def expansive_case(tmp_path, n=2000, steps=6):
+    """All records at one point x~ = (R, 0, 1) with balanced labels and theta_0 = 0: a fixed
+    point where the logistic Hessian is largest (sigmoid' = 1/4), and lr beta = 4 makes the
+    step map expand by 3 along x~. A neighbour flips one label."""
+    x = np.tile([[R, 0.0]], (n, 1))
+    y = np.arange(n) % 2
+    ds = Dataset("fixed", x, y, x[:4], y[:4], 2)
+    init = tmp_path / "zero.npz"
+    np.savez(init, **{"0.weight": np.zeros((1, 2)), "0.bias": np.zeros(1)})
+    lr = 4.0 / (0.25 * (R * R + 1.0))
+    cfg = config([{"linear": {"in": 2, "out": 1}}], "binary_cross_entropy", learning_rate=lr,
+                 lr_decay=0.0, n_epochs=steps, batch_size="full", clip_gamma=R,
+                 k_values=[0, 1], bound_method="stability", input_norm_bound=R,
+                 pretrained=str(init))
+    y2 = y.copy()
+    y2[0] = 1 - y2[0]
+    return cfg, ds, Dataset("fixed", x, y2, x[:4], y[:4], 2)
+
+
+def test_expansion_is_needed_and_a_capped_factor_fails(tmp_path, monkeypatch):
+    cfg, ds, other = expansive_case(tmp_path)
+    res = train(cfg, ds)
+    moved = distance(train_nominal(cfg, other), res.nominal)
+    assert moved <= res.ball_radius[1]
+    real = stability.StabilityProblem.expansion
+    monkeypatch.setattr(stability.StabilityProblem, "expansion",
+                        lambda self, beta, lr: min(1.0, real(self, beta, lr)))
+    assert moved > train(cfg, ds).ball_radius[1]
+
+
+def step_jacobian_norm(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor, lr: float,
+                       loss: str, n_out: int) -> float:
+    """||d(exact gradient step)/d theta||_2 at theta (float64 autograd)."""
+    xt = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)
+
+    def step(flat):
+        w = flat.reshape(n_out, -1)
+        z = xt @ w.T
+        if loss == "binary_cross_entropy":
+            g = torch.sigmoid(z) - y[:, None].to(z.dtype)
+        else:
+            g = torch.softmax(z, -1) - torch.nn.functional.one_hot(y, n_out).to(z.dtype)
+        return flat - lr * (g.T @ xt / x.shape[0]).reshape(-1)
+
+    jac = torch.autograd.functional.jacobian(step, theta.reshape(-1))
+    return float(torch.linalg.matrix_norm(jac, ord=2))
+
+
+@pytest.mark.parametrize("weakened", [False, True])
+def test_expansion_factor_bounds_the_step_jacobian(weakened, monkeypatch):
+    """L(beta, lr) >= ||J||_2 of the exact step at many parameters, for the logistic loss at
+    its worst point (all logits 0, where the Hessian bound 1/4 is attained) and for
+    cross-entropy on random data; a Hessian bound 10 % low misses the worst point."""
+    if weakened:
+        monkeypatch.setitem(stability.HESSIAN_BOUND, "binary_cross_entropy", 0.225)
+    cases = []
+    x = torch.tensor([[R, 0.0]] * 10, dtype=torch.float64)
+    cases.append(("binary_cross_entropy", 1, x, torch.arange(10) % 2, [torch.zeros(3)]))
+    if not weakened:
+        ds = ball_data(60, 1, 3, 4, seed=13)
+        x2 = torch.as_tensor(ds.x_train)
+        gen = torch.Generator().manual_seed(0)
+        cases.append(("cross_entropy", 4, x2, torch.as_tensor(ds.y_train),
+                      [torch.randn(16, generator=gen, dtype=torch.float64) * s
+                       for s in (0.0, 0.3, 1.0, 3.0)]))
+    excess = []
+    for loss, n_out, xs, ys, thetas in cases:
+        problem = stability.StabilityProblem.build(loss, n_out, xs.shape[1], True, xs, 0.0, R,
+                                                   torch.float64)
+        for lr in (0.5, 1.6, 4.0):
+            bound = problem.expansion(problem.beta, lr)
+            excess += [step_jacobian_norm(xs, ys, theta.to(torch.float64), lr, loss, n_out) - bound
+                       for theta in thetas]
+    assert (max(excess) > 0) == weakened
+
+
+# -- certificates -----------------------------------------------------------------------------
+
+def test_ball_certificates_hold_at_the_worst_parameters():
+    """For each query certified at k by its ball alone, move the served layer by rho_k in the
+    direction that lowers the margin most (against each other class): the served float
+    computation must still give the served class. Scaling the radius term by 1/sqrt(2)
+    (a weakened test) must certify a query whose worst parameters flip it."""
+    ds = ball_data(120, 200, 4, 3, seed=5)
+    res = train(head(4, 3, dtype="float32"), ds)
+    cert = Certifier(from_result(res))
+    xq = cert._check_queries(ds.x_test)
+    pred = torch.as_tensor(cert.certify(ds.x_test).prediction)
+    W, b = res.nominal["0.weight"].to(torch.float64), res.nominal["0.bias"].to(torch.float64)
+
+    def flipped(j: int) -> torch.Tensor:
+        rho = float(res.ball_radius[j])
+        ok = cert._ball_certified(xq.to(torch.float64), pred, torch.full_like(pred, j))
+        bad = torch.zeros_like(ok)
+        for q in ok.nonzero().flatten().tolist():
+            xt = torch.cat([xq[q].to(torch.float64), torch.ones(1, dtype=torch.float64)])
+            for c in range(3):
+                if c == int(pred[q]):
+                    continue
+                dirs = torch.zeros(3, 5, dtype=torch.float64)
+                dirs[int(pred[q])] = -xt
+                dirs[c] = xt
+                dirs *= rho / float(torch.linalg.norm(dirs))
+                w2 = (W + dirs[:, :4]).to(torch.float32)
+                b2 = (b + dirs[:, 4]).to(torch.float32)
+                z = xq[q] @ w2.T + b2
+                bad[q] |= int(z.argmax()) != int(pred[q])
+        return ok, bad
+
+    checked = 0
+    for j in (1, 2):
+        ok, bad = flipped(j)
+        assert not bool(bad.any())
+        checked += int(ok.sum())
+    assert checked > 20
+
+    cert.ball = cert.ball / math.sqrt(2.0)                   # drops the sqrt(2) of two rows
+    _, bad_weak = flipped(2)
+    assert bool(bad_weak.any())
+
+
+def test_neighbour_nesting_and_smooth_radii():
+    """ball(D', k-1) inside ball(D, k) for neighbours D' (centre distance plus radius), and
+    r(D') >= r(D) - 1 for every test query."""
+    ds = ball_data(100, 150, 4, 3, seed=7)
+    cfg = head(4, 3, dtype="float32", k_values="0..6")
+    base = train(cfg, ds)
+    r_base = Certifier(from_result(base)).certify(ds.x_test).radius
+    assert (r_base >= 1).mean() > 0.3
+    rng = np.random.default_rng(8)
+    for t in range(4):
+        other = train(cfg, neighbour(ds, 1, rng, ("random", "adversarial")[t % 2]))
+        gap = distance(other.nominal, base.nominal)
+        for j in range(1, len(base.k_values)):
+            assert gap + other.ball_radius[j - 1] <= base.ball_radius[j]
+        r_other = Certifier(from_result(other)).certify(ds.x_test).radius
+        assert bool((r_other >= r_base - 1).all())
+
+
+def test_certifies_where_the_interval_boxes_do_not():
+    """Many gradient steps: the k >= 1 boxes certify nothing, the balls certify most queries
+    at k = 1 (the regime issue 12 names)."""
+    ds = ball_data(300, 200, 8, 3, seed=9)
+    cfg = head(8, 3, dtype="float32", n_epochs=30, learning_rate=0.5)
+    res = train(cfg, ds)
+    bundle = from_result(res)
+    boxes_only = Certifier(bundle)
+    boxes_only.ball = None
+    frac_box = boxes_only.certify(ds.x_test).certified_fraction()[1]
+    frac = Certifier(bundle).certify(ds.x_test).certified_fraction()[1]
+    assert frac_box < 0.05 and frac > 0.5
+
+
+# -- errors and storage -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(model=[{"linear": {"in": 4, "out": 8}}, {"relu": {}}, {"linear": {"in": 8, "out": 3}}]),
+     "one trainable linear layer"),
+    (dict(optimizer="sgdm", momentum=0.9), "without momentum"),
+    (dict(batch_size=16), "batch_size: full"),
+    (dict(input_norm_bound=None), "needs input_norm_bound"),
+    (dict(clip_gamma=0.5), "clip_gamma >= 2"),
+    (dict(bound_method="served-k0"), "used only by bound_method: stability"),
+])
+def test_config_errors(change, needle):
+    base = dict(model=[{"linear": {"in": 4, "out": 3}}], loss="cross_entropy",
+                batch_size="full", clip_gamma=R, bound_method="stability", input_norm_bound=R)
+    base.update(change)
+    base = {k: v for k, v in base.items() if v is not None}
+    with pytest.raises(ConfigError, match=needle):
+        config(**base)
+
+
+def test_records_outside_the_domain_are_refused():
+    ds = ball_data(50, 10, 4, 3, seed=10, radius=R * 1.5)
+    with pytest.raises(DataError, match="input_norm_bound"):
+        train(head(4, 3), ds)
+
+
+def test_bundle_round_trip_and_tampering(tmp_path):
+    ds = ball_data(60, 30, 4, 3, seed=11)
+    res = train(head(4, 3), ds)
+    assert res.relations == ("replace-one",)
+    path = write_bundle(from_result(res), tmp_path / "b.h5")
+    back = read_bundle(path)
+    assert back.bound_method == "stability" and back.smooth_radii
+    np.testing.assert_array_equal(back.ball_radius, res.ball_radius)
+    a = Certifier(back).certify(ds.x_test).radius
+    np.testing.assert_array_equal(a, Certifier(from_result(res)).certify(ds.x_test).radius)
+    with h5py.File(path, "a") as f:
+        f[BALL_PATH][2] = 0.0                               # not monotone in k any more
+    restamp(path)
+    with pytest.raises(BundleError, match="non-decreasing"):
+        read_bundle(path)
+    with h5py.File(path, "a") as f:
+        del f[BALL_PATH]
+    restamp(path)
+    with pytest.raises(BundleError, match=BALL_PATH):
+        read_bundle(path)
+
+
+def test_gram_bound_is_an_upper_bound_and_tight():
+    rng = np.random.default_rng(12)
+    for shape in [(50, 3), (200, 20), (30, 40)]:
+        x = torch.as_tensor(rng.normal(size=shape) + 0.5)
+        xt = torch.cat([x, torch.ones(shape[0], 1, dtype=x.dtype)], 1)
+        lam = float(torch.linalg.eigvalsh(xt.T @ xt / shape[0])[-1])
+        bound = stability.gram_eigen_bound(x, bias=True)
+        assert lam <= bound <= lam * 1.5
