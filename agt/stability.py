@@ -5,8 +5,8 @@ full-batch gradient descent.
 Setting (checked by `agt.config`): the model is one trainable linear layer (logits
 a = W x + b, no frozen prefix), loss cross_entropy or binary_cross_entropy, optimizer sgd
 without momentum (L2 allowed), ``batch_size: full``, and a *declared input domain*
-``input_norm_bound`` R: every record of every dataset in the relation has ||x||_2 <= R
-(the training data are checked against it). ``clip_gamma >= max(R, 1)`` makes the
+``input_norm_bound`` R: every record of every dataset in the relation, as the training dtype
+holds it, has ||x||_2 <= R (the training data are checked exactly). ``clip_gamma >= max(R, 1)`` makes the
 elementwise clamp provably inactive: an exact per-sample gradient entry is g_c x~_j with
 |g_c| < 1 and |x~_j| <= R (x~ = (x, 1) with a bias), so the nominal rule is exact gradient
 descent on F_D(theta) = (1/n) sum_i l(theta; z_i) + (l2/2) ||theta||^2.
@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -91,16 +92,21 @@ def padded_norm_bound(norm: float, bias: bool, unit_roundoff: float) -> float:
 
 
 def check_domain(x: np.ndarray, norm: float, what: str = "training record") -> None:
-    """Every row of ``x`` (n, ...) must have L2 norm <= ``norm`` (the declared domain)."""
+    """Every row of ``x`` (n, ...), the records exactly as the training dtype holds them,
+    must have L2 norm <= ``norm`` (the declared domain). Decided exactly: rows whose float64
+    squared norm is not clearly inside are summed again in rational arithmetic, so a record
+    on the boundary (e.g. 64 pixels of value 1 with R = 8) is accepted and none outside is."""
     flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
     sq = np.einsum("ij,ij->i", flat, flat)
-    bad = np.nonzero(sq > norm * norm * (1.0 + 1e-12))[0]
-    if bad.size:
-        i = int(bad[0])
-        raise DataError(f"{what} {i} has L2 norm {math.sqrt(sq[i]):.6g} > input_norm_bound "
-                        f"{norm:g} ({bad.size} records outside the declared domain); scale the "
-                        f"features or raise input_norm_bound (bound_method: stability needs "
-                        f"every record inside it)")
+    limit = Fraction(norm) ** 2
+    for i in np.nonzero(sq > norm * norm * (1.0 - 1e-9))[0]:
+        if sum(Fraction(float(v)) ** 2 for v in flat[i]) > limit:
+            outside = int((sq > norm * norm * (1.0 + 1e-9)).sum())
+            raise DataError(f"{what} {int(i)} has L2 norm {math.sqrt(sq[i]):.10g} > "
+                            f"input_norm_bound {norm:g} (about {max(outside, 1)} records outside "
+                            f"the declared domain); scale the features or raise "
+                            f"input_norm_bound (bound_method: stability needs every record "
+                            f"inside it)")
 
 
 def gram_eigen_bound(x: torch.Tensor, bias: bool) -> float:

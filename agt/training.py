@@ -151,7 +151,6 @@ class _Trainer:
         if cfg.bound_method == "stability":
             # the balls hold for a fixed divisor n: replace-one only (agt/stability.py)
             self.relations = (REPLACE,)
-            check_domain(ds.x_train, cfg.input_norm_bound)
         self.gamma = cfg.clip_gamma
         self.rule = UpdateRule.from_config(cfg, self.dtype)
         params = init_params(self.spec, cfg.seed, self.dtype)
@@ -165,6 +164,7 @@ class _Trainer:
         self.y = torch.as_tensor(ds.y_train, dtype=torch.int64, device=device)
         self.x_nominal, self.x_bounds = self._features(x)
         if cfg.bound_method == "stability":
+            check_domain(self.x_bounds.cpu().numpy(), cfg.input_norm_bound)
             layer = self.spec.layers[0]
             self.stability = StabilityProblem.build(
                 cfg.loss, self.spec.n_logits, int(self.x_nominal[0].numel()), layer.bias,

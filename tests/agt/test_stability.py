@@ -26,6 +26,9 @@ from agt.training import train, train_nominal
 from tests.helpers import config, restamp
 
 R = 2.0
+#: projecting onto the sphere of radius R in float arithmetic can land just outside it,
+#: which the exact domain check refuses
+INSIDE = 1.0 - 1e-6
 
 
 def ball_data(n: int, n_test: int, dim: int, n_classes: int, seed: int, radius: float = R):
@@ -35,7 +38,7 @@ def ball_data(n: int, n_test: int, dim: int, n_classes: int, seed: int, radius: 
     y = rng.integers(0, n_classes, size=n + n_test)
     x = means[y] * 0.8 + rng.normal(size=(n + n_test, dim)) * 0.7
     norms = np.linalg.norm(x, axis=1, keepdims=True)
-    x = x * np.minimum(1.0, radius / norms)
+    x = x * np.minimum(1.0, radius * INSIDE / norms)
     return Dataset("ball", x[:n], y[:n], x[n:], y[n:], n_classes)
 
 
@@ -58,7 +61,7 @@ def neighbour(ds: Dataset, m: int, rng, kind: str) -> Dataset:
         z = rng.normal(size=x[idx].shape)
         x[idx] = z * (rng.uniform(0, R, size=(m, 1)) / np.linalg.norm(z, axis=1, keepdims=True))
     else:
-        x[idx] = -x[idx] / np.linalg.norm(x[idx], axis=1, keepdims=True) * R
+        x[idx] = -x[idx] / np.linalg.norm(x[idx], axis=1, keepdims=True) * R * INSIDE
     y[idx] = (y[idx] + rng.integers(1, ds.n_classes, size=m)) % ds.n_classes
     return Dataset(ds.name, x, y, ds.x_test, ds.y_test, ds.n_classes)
 
@@ -310,6 +313,11 @@ def test_records_outside_the_domain_are_refused():
     ds = ball_data(50, 10, 4, 3, seed=10, radius=R * 1.5)
     with pytest.raises(DataError, match="input_norm_bound"):
         train(head(4, 3), ds)
+    stability.check_domain(np.ones((3, 64)), 8.0)           # on the boundary: inside
+    x = np.ones((2, 64))
+    x[1, 5] = 1.0 + 2.0**-40                                 # outside by 1e-12 relative
+    with pytest.raises(DataError, match="record 1 "):
+        stability.check_domain(x, 8.0)
 
 
 def test_bundle_round_trip_and_tampering(tmp_path):
