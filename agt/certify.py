@@ -94,6 +94,9 @@ class Certifier:
         if bundle.ball_radius is not None:
             if len(self.spec.layers) != 1 or self.spec.frozen_layers:
                 raise BundleError("a stability bundle needs a model of one trainable linear layer")
+            if tuple(np.shape(bundle.ball_radius)) != (len(self.k_values),):
+                raise BundleError(f"the stability radii have shape {np.shape(bundle.ball_radius)}, "
+                                  f"the k grid has {len(self.k_values)} values")
             self.ball = torch.as_tensor(bundle.ball_radius, dtype=BOUND_DTYPE, device=self.device)
             self.center_norm = parameter_norm({n: self.nominal[n] for n in self.trainable})
 

@@ -48,7 +48,9 @@ def sub_bundle(bundle: Bundle, indices) -> Bundle:
     return dataclasses.replace(bundle, path=None,
                                k_values=tuple(bundle.k_values[i] for i in idx),
                                lower={n: t[idx].clone() for n, t in bundle.lower.items()},
-                               upper={n: t[idx].clone() for n, t in bundle.upper.items()})
+                               upper={n: t[idx].clone() for n, t in bundle.upper.items()},
+                               ball_radius=None if bundle.ball_radius is None
+                               else bundle.ball_radius[idx].copy())
 
 
 def grid_indices(family: str, n: int, length: int) -> list[int]:

@@ -93,6 +93,18 @@ def test_retrained_neighbours_stay_in_the_ball(dtype, lr):
     assert worst_ratio(cfg, ds, trials=6, seed=2) <= 1.0
 
 
+@pytest.mark.parametrize("weakened", [False, True])
+def test_float_error_term_is_needed(weakened, monkeypatch):
+    """Tiny float32 steps: the data moves the parameters less than rounding does, so the
+    ball holds only with the float-error term; without it a retrained neighbour leaves."""
+    if weakened:
+        monkeypatch.setattr(stability.StabilityProblem, "step_float_error",
+                            lambda self, norm, lr: 0.0)
+    ds = ball_data(1000, 5, 4, 3, seed=1)
+    cfg = head(4, 3, dtype="float32", learning_rate=1e-6, n_epochs=10, k_values=[0, 1])
+    assert (worst_ratio(cfg, ds, trials=10, seed=3) > 1.0) == weakened
+
+
 def test_binary_head_and_l2():
     ds = ball_data(80, 20, 4, 2, seed=3)
     cfg = head(4, 2, loss="binary_cross_entropy", l2_reg=0.05, learning_rate=0.5)
@@ -318,6 +330,8 @@ def test_records_outside_the_domain_are_refused():
     x[1, 5] = 1.0 + 2.0**-40                                 # outside by 1e-12 relative
     with pytest.raises(DataError, match="record 1 "):
         stability.check_domain(x, 8.0)
+    with pytest.raises(DataError, match="record 0 "):               # squares underflow
+        stability.check_domain(np.full((1, 3), 1e-163), 1e-170)
 
 
 def test_bundle_round_trip_and_tampering(tmp_path):
@@ -340,6 +354,24 @@ def test_bundle_round_trip_and_tampering(tmp_path):
     restamp(path)
     with pytest.raises(BundleError, match=BALL_PATH):
         read_bundle(path)
+
+
+def test_sub_grids_keep_their_own_radii():
+    """A bundle cut to a sub-grid (experiments/kgrid.py) keeps the radius of each kept k;
+    a radius list that does not match the grid is refused."""
+    import dataclasses
+
+    from experiments.kgrid import sub_bundle
+
+    ds = ball_data(80, 60, 4, 3, seed=14)
+    bundle = from_result(train(head(4, 3, k_values="0..6"), ds))
+    sub = sub_bundle(bundle, [0, 3, 6])
+    np.testing.assert_array_equal(sub.ball_radius, bundle.ball_radius[[0, 3, 6]])
+    full = Certifier(bundle).certify(ds.x_test).max_certified_k
+    part = Certifier(sub).certify(ds.x_test).max_certified_k
+    assert bool((part <= full).all())
+    with pytest.raises(BundleError, match="stability radii"):
+        Certifier(dataclasses.replace(bundle, ball_radius=bundle.ball_radius[:3]))
 
 
 def test_gram_bound_is_an_upper_bound_and_tight():
