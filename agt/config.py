@@ -299,7 +299,7 @@ def _check_stability(model, optimizer, momentum, batch, gamma_, norm_bound, prob
         problems.add(f"{why} needs input_norm_bound: an L2 norm bound R that every record of "
                      f"every dataset in the relation satisfies (the declared input domain)")
         return
-    bias = model is not None and model.layers and getattr(model.layers[0], "bias", True)
+    bias = model is None or model.layers[0].bias
     need = max(norm_bound, 1.0 if bias else 0.0)
     if gamma_ < need:
         problems.add(f"{why} needs clip_gamma >= {need:g} (max(input_norm_bound, 1 for the "

@@ -215,10 +215,9 @@ class StabilityProblem:
     def radii(self, k_values, lrs: list[float], norms: list[float]) -> np.ndarray:
         """rho_k for every k of the grid (module docstring). ``lrs``: the learning rate of
         each step as the nominal rule used it; ``norms``: ||theta_t(D)||_F before each step
-        (upper bounds), t = 0..T-1; ``norms`` has one more entry, the final norm (unused
-        except for its length check)."""
-        if len(norms) != len(lrs) + 1:
-            raise ValueError("norms needs one entry per step plus the final one")
+        (upper bounds), t = 0..T-1."""
+        if len(norms) != len(lrs) or not lrs:
+            raise ValueError("radii needs one parameter norm per step, and at least one step")
         pub = self.public_norm_bounds(norms[0], lrs)
         xi = [SLACK * (p + 1.0) for p in pub]
         r2 = self.padded_norm ** 2

@@ -345,8 +345,9 @@ class _Trainer:
         for step, (epoch, batch) in enumerate(bar):
             idx = torch.as_tensor(batch, device=self.device)
             lr = round_to(cfg.learning_rate_at(step), self.dtype)
-            lrs.append(lr)
-            norms.append(parameter_norm(theta))
+            if self.stability is not None:
+                lrs.append(lr)
+                norms.append(parameter_norm(theta))
             use_thresholds = with_bounds and cfg.selection == "threshold"
             direction, stats = self.nominal_direction(
                 theta, idx, k_max=int(k_tensor.max()) if use_thresholds else 0)
@@ -380,7 +381,6 @@ class _Trainer:
                 lower, upper = served_k0_box(k_list, nominal, lower, upper)
         ball = None
         if with_bounds and self.stability is not None:
-            norms.append(parameter_norm(theta))
             ball = self.stability.radii(k_list, lrs, norms)
         return TrainResult(cfg, self.spec, k_list, self.init, nominal, lower, upper, orders,
                            self.relations, ds_sha, self.n, time.perf_counter() - t_start,

@@ -113,6 +113,18 @@ def test_binary_head_and_l2():
 
 # -- the replaced-record term is tight: a weakened one is caught ------------------------------
 
+def logistic_head_from(tmp_path, weight, bias, *, lr, steps, radius):
+    """Config of a 2-input logistic head that starts from the given parameters (a public
+    init file), trained by full-batch gradient descent under bound method stability."""
+    init = tmp_path / "init.npz"
+    np.savez(init, **{"0.weight": np.asarray([weight], dtype=np.float64),
+                      "0.bias": np.asarray([bias], dtype=np.float64)})
+    return config([{"linear": {"in": 2, "out": 1}}], "binary_cross_entropy", learning_rate=lr,
+                  lr_decay=0.0, n_epochs=steps, batch_size="full", clip_gamma=radius,
+                  k_values=[0, 1], bound_method="stability", input_norm_bound=radius,
+                  pretrained=str(init))
+
+
 def saturated_one_step(tmp_path, radius=10.0):
     """One step of the logistic loss from w = 0, b = -30 (sigmoid ~ 0): a record (R e1, 1)
     has gradient -(R e1, 1); replacing it by (-R e1, 1) moves the step by 2 R lr / n, 99.5 %
@@ -124,12 +136,7 @@ def saturated_one_step(tmp_path, radius=10.0):
     y = np.zeros(n, dtype=np.int64)
     y[0] = 1
     ds = Dataset("sat", x, y, x[:2], y[:2], 2)
-    init = tmp_path / "init.npz"
-    np.savez(init, **{"0.weight": np.zeros((1, 2)), "0.bias": np.array([-30.0])})
-    cfg = config([{"linear": {"in": 2, "out": 1}}], "binary_cross_entropy", learning_rate=1.0,
-                 lr_decay=0.0, n_epochs=1, batch_size="full", clip_gamma=radius,
-                 k_values=[0, 1], bound_method="stability", input_norm_bound=radius,
-                 pretrained=str(init))
+    cfg = logistic_head_from(tmp_path, [0.0, 0.0], -30.0, lr=1.0, steps=1, radius=radius)
     x2 = x.copy()
     x2[0] = [-radius, 0.0]
     return cfg, ds, Dataset("sat", x2, y, x[:2], y[:2], 2)
@@ -155,13 +162,8 @@ def expansive_case(tmp_path, n=2000, steps=6):
     x = np.tile([[R, 0.0]], (n, 1))
     y = np.arange(n) % 2
     ds = Dataset("fixed", x, y, x[:4], y[:4], 2)
-    init = tmp_path / "zero.npz"
-    np.savez(init, **{"0.weight": np.zeros((1, 2)), "0.bias": np.zeros(1)})
-    lr = 4.0 / (0.25 * (R * R + 1.0))
-    cfg = config([{"linear": {"in": 2, "out": 1}}], "binary_cross_entropy", learning_rate=lr,
-                 lr_decay=0.0, n_epochs=steps, batch_size="full", clip_gamma=R,
-                 k_values=[0, 1], bound_method="stability", input_norm_bound=R,
-                 pretrained=str(init))
+    cfg = logistic_head_from(tmp_path, [0.0, 0.0], 0.0, lr=4.0 / (0.25 * (R * R + 1.0)),
+                             steps=steps, radius=R)
     y2 = y.copy()
     y2[0] = 1 - y2[0]
     return cfg, ds, Dataset("fixed", x, y2, x[:4], y[:4], 2)
