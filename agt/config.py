@@ -41,11 +41,19 @@ SMOOTH_SELECTIONS = ("exact",)
 #: box widened for the rounding gap between float training and exact arithmetic. Boxes for
 #: k >= 1 are the same interval boxes under both.
 #: "stability" adds to the served-k0 boxes an L2 ball per k for a linear model trained by
-#: full-batch gradient descent inside a declared input domain (agt/stability.py).
+#: gradient descent (full batch or minibatches) inside a declared input domain (agt/stability.py).
 BOUND_METHODS = ("served-k0", "interval", "stability")
+#: how the boxes of k >= 1 are computed: "interval" (the AGT interval pass through every
+#: step) or, with bound method stability only, "ball" (the coordinate boxes enclosing the L2
+#: balls; training then runs no interval pass and costs about a nominal run)
+K_BOXES = ("interval", "ball")
 #: bound methods whose radii satisfy r(D') >= r(D) - 1 with a smooth selection rule
 #: (agt/training.py, `served_k0_box`, proves it for served-k0; agt/stability.py for the balls)
 SMOOTH_BOUND_METHODS = ("served-k0", "interval", "stability")
+#: how the boxes of k >= 1 are computed: "interval" (the AGT interval pass through every
+#: step) or, with bound method stability only, "ball" (the coordinate boxes enclosing the L2
+#: balls; training then runs no interval pass and costs about a nominal run)
+K_BOXES = ("interval", "ball")
 DEFAULT_BOUND_METHOD = "served-k0"
 FULL = "full"
 MAX_SEED = 2**32
@@ -102,6 +110,7 @@ class TrainConfig:
     selection: str = "exact"
     bound_method: str = DEFAULT_BOUND_METHOD
     input_norm_bound: float | None = None
+    k_boxes: str = "interval"
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------------------
@@ -267,11 +276,16 @@ def config_from_dict(raw: Any) -> TrainConfig:
     norm_bound = None
     if raw.get("input_norm_bound") is not None:
         norm_bound = r.number("input_norm_bound", 1.0, low=0.0, low_open=True)
+    k_boxes = r.choice("k_boxes", "interval", K_BOXES)
     if bound_method == "stability":
-        _check_stability(model, optimizer, momentum, batch, gamma_, norm_bound, problems)
-    elif norm_bound is not None:
-        problems.add("input_norm_bound is used only by bound_method: stability; remove it or "
-                     "set bound_method: stability")
+        _check_stability(model, optimizer, momentum, gamma_, norm_bound, problems)
+    else:
+        if norm_bound is not None:
+            problems.add("input_norm_bound is used only by bound_method: stability; remove it "
+                         "or set bound_method: stability")
+        if k_boxes != "interval":
+            problems.add("k_boxes: ball needs bound_method: stability (the boxes of k >= 1 "
+                         "are then the ones enclosing its L2 balls)")
     problems.raise_if_any()
     clean = dict(raw)
     clean["k_values"] = list(k_grid)
@@ -281,10 +295,10 @@ def config_from_dict(raw: Any) -> TrainConfig:
         nesterov=nesterov, l2_reg=l2, n_epochs=epochs, batch_size=batch, clip_gamma=gamma_,
         seed=seed, k_values=k_grid, fragment_size=fragment, device=device, dtype=dtype,
         frozen_layers=model.frozen_layers, pretrained=pretrained, selection=selection,
-        bound_method=bound_method, input_norm_bound=norm_bound, raw=clean)
+        bound_method=bound_method, input_norm_bound=norm_bound, k_boxes=k_boxes, raw=clean)
 
 
-def _check_stability(model, optimizer, momentum, batch, gamma_, norm_bound, problems) -> None:
+def _check_stability(model, optimizer, momentum, gamma_, norm_bound, problems) -> None:
     """The setting agt/stability.py proves its balls for."""
     why = "bound_method: stability"
     if model is not None and (len(model.layers) != 1 or model.layers[0].kind != "linear"
@@ -293,8 +307,6 @@ def _check_stability(model, optimizer, momentum, batch, gamma_, norm_bound, prob
                      f"head on fixed features); use served-k0 for other models")
     if optimizer != "sgd" or momentum != 0.0:
         problems.add(f"{why} needs optimizer: sgd without momentum (gradient descent)")
-    if batch != FULL:
-        problems.add(f"{why} needs batch_size: full")
     if norm_bound is None:
         problems.add(f"{why} needs input_norm_bound: an L2 norm bound R that every record of "
                      f"every dataset in the relation satisfies (the declared input domain)")

@@ -1,64 +1,81 @@
 """L2 stability balls (bound method "stability"): parameter certificates that grow linearly,
 not exponentially, with the number of gradient steps, for a linear model trained by
-full-batch gradient descent.
+gradient descent, full-batch or on minibatches.
 
 Setting (checked by `agt.config`): the model is one trainable linear layer (logits
 a = W x + b, no frozen prefix), loss cross_entropy or binary_cross_entropy, optimizer sgd
-without momentum (L2 allowed), ``batch_size: full``, and a *declared input domain*
-``input_norm_bound`` R: every record of every dataset in the relation, as the training dtype
-holds it, has ||x||_2 <= R (the training data are checked exactly). ``clip_gamma >= max(R, 1)`` makes the
-elementwise clamp provably inactive: an exact per-sample gradient entry is g_c x~_j with
-|g_c| < 1 and |x~_j| <= R (x~ = (x, 1) with a bias), so the nominal rule is exact gradient
-descent on F_D(theta) = (1/n) sum_i l(theta; z_i) + (l2/2) ||theta||^2.
+without momentum (L2 allowed), any batch size (agt/training.py cuts each epoch's
+data-independent permutation of the record indices into consecutive batches), and a
+*declared input domain* ``input_norm_bound`` R: every record of every dataset in the
+relation, as the training dtype holds it, has ||x||_2 <= R (the training data are checked
+exactly). ``clip_gamma >= max(R, 1)`` makes the elementwise clamp provably inactive: an
+exact per-sample gradient entry is g_c x~_j with |g_c| < 1 and |x~_j| <= R (x~ = (x, 1)
+with a bias), so step t is exact gradient descent on the batch objective
+F_t(theta) = (1/b_t) sum_{i in B_t} l(theta; z_i) + (l2/2) ||theta||^2.
 
 Certificate. For every dataset D'' that replaces at most k records of D, the parameters
 the float training rule computes on D'' lie in the Frobenius ball B(theta_T(D), rho_k)
 around the served parameters. Derivation (Hardt, Recht & Singer 2016, "Train faster,
-generalize better", Lemmas 3.6-3.7, made float-sound). With d_t = theta_t(D'') - theta_t(D)
-and Phi_D(theta) = theta - lr_t grad F_D(theta) the exact step on D,
+generalize better", Lemmas 3.6-3.7 and their SGD argument, made float-sound). Replacing
+records keeps every index in its batch slot, so the batch B_t(D'') differs from B_t(D) in
+the m_t replaced records it holds; every index appears once per epoch, so the m_t of one
+epoch sum to at most k. With d_t = theta_t(D'') - theta_t(D) and
+Phi_t(theta) = theta - lr_t grad F_t(theta) the exact step on D's batch,
 
-    d_{t+1} = [Phi_D(theta'') - Phi_D(theta)]                     (expansion)
-            + lr_t [grad F_D - grad F_D''](theta'')               (replaced records)
+    d_{t+1} = [Phi_t(theta'') - Phi_t(theta)]                       (expansion)
+            + lr_t [grad F_t - grad F_t''](theta'')                 (replaced records)
             + (float error of the step on D'') - (that on D).
 
-* Expansion: Phi_D(a) - Phi_D(b) = (I - lr (Hbar + l2 I)) (a - b), Hbar the Hessian of the
-  data term averaged over the segment [b, a]: symmetric with 0 <= Hbar <= h lambda_max(
-  X~^T X~ / n), h = 1/2 for cross-entropy (diag(p) - p p^T <= 1/2, agt/baselines/convex.py)
-  and 1/4 for the logistic loss. So ||.|| <= L_t ||d_t||, L_t = max(|1 - lr l2|,
-  |1 - lr (beta + l2)|) for any beta >= h lambda_max: <= 1 when lr (beta + l2) <= 2.
-* Replaced records: each contributes lr/n ||g(z'') x~''^T - g(z_i) x~_i^T|| <= 2 G R~ lr/n,
-  G = sqrt(2) (cross-entropy: ||softmax - e_y|| < sqrt 2) or 1 (logistic), R~ = sqrt(R'^2
-  + 1) (R' = R (1 + 2u): the records as the training dtype rounds them).
-* Float error: `step_float_error` bounds, for any in-domain dataset and any parameters of
+* Expansion: Phi_t(a) - Phi_t(b) = (I - lr (Hbar + l2 I)) (a - b), Hbar the Hessian of the
+  batch's data term averaged over the segment [b, a]: symmetric with 0 <= Hbar <=
+  h lambda_max(X~_B^T X~_B / b_t), h = 1/2 for cross-entropy (diag(p) - p p^T <= 1/2,
+  agt/baselines/convex.py) and 1/4 for the logistic loss. So ||.|| <= L_t ||d_t||,
+  L_t = max(|1 - lr l2|, |1 - lr (beta + l2)|) for any beta >= h lambda_max: <= 1 when
+  lr (beta + l2) <= 2.
+* Replaced records: each one in the batch contributes lr/b_t ||g(z'') x~''^T - g(z_i)
+  x~_i^T|| <= c_t = 2 G R~ lr_t / b_t, G = sqrt(2) (cross-entropy: ||softmax - e_y|| <
+  sqrt 2) or 1 (logistic), R~ = sqrt(R'^2 + 1) (R' = R (1 + 2u): the records as the
+  training dtype rounds them).
+* Float error: `step_float_error` bounds, for any in-domain batch and any parameters of
   Frobenius norm <= N, the distance of the float step (agt/training.py's nominal rule) from
   the exact step; every operation is charged with Higham's gamma bounds and the engine's
   one transcendental assumption (agt/bounded/losses.py).
 
-beta: lambda_max(X~^T X~ / n) <= ||X~^T X~||_{S4} / n (the Schatten-4 norm, (sum lambda^4)^(1/4),
-computed as ||A^2||_F^(1/2) with a-priori rounding bounds: `gram_eigen_bound`); it is within
-1 % of lambda_max on scikit-learn digits and on an IMDB-like 768-d head.
+beta: lambda_max(X~^T X~ / b) <= ||X~^T X~||_{S4} / b (the Schatten-4 norm,
+(sum lambda^4)^(1/4), computed as ||A^2||_F^(1/2) with a-priori rounding bounds on the
+smaller of X~^T X~ and X~ X~^T: `gram_eigen_bound`); it is within 1 % of lambda_max on
+scikit-learn digits and on an IMDB-like 768-d head.
 
-Recursion (every k of the grid; A_0 = 0; N_t = ||theta_t(D)|| the served run's norm):
+Recursion (every k of the grid; N_t = ||theta_t(D)|| the served run's norm; beta_t the
+bound of D's batch t), for a placement m (m_t >= 0, at most k per epoch; more than b_t in
+one batch is allowed, which only over-counts):
 
-    beta_k   = beta(D) + k h R~^2 (1 + s) / n + k s h R~^2
-    A_{t+1}  = (L_t(beta_k) A_t + lr_t k 2 G R~ / n + k 2 eps_t(N_t + (1 + s) A_t + k xi_t)) (1 + 1e-12)
-    rho_k    = (1 + s) A_T + k xi_T,       xi_t = s (Npub_t + 1),   s = 1e-9,
+    beta_tk  = beta_t + k h R~^2 (1 + s) / b_t + k s h R~^2
+    A_0 = 0,  A_{t+1} = (L_t(beta_tk) A_t + c_t m_t + k 2 eps_t(N_t + (1 + s) A_t + k xi_t)) (1 + 1e-12)
+    rho_k    = (1 + s) max_m A_T(m) + k xi_T,       xi_t = s (Npub_t + 1),   s = 1e-9,
 
 Npub_t a public bound on the parameter norm of any in-domain run (`public_norm_bounds`).
-Validity: by induction ||d_t|| <= A_t(k) (the two float errors are each <= eps_t at the
-norms N_t and N_t + A_t, and 2 eps <= 2 k eps for k >= 1). k = 0 is the served point.
+A_{t+1} is nondecreasing in A_t and in m_t, so the maximum over placements is exact by
+dynamic programming over "records placed so far in this epoch" (the larger A_t dominates
+for the same count); with ``batch_size: full`` every epoch is one step and the recursion
+is A_{t+1} = L_t A_t + c_t k + k 2 eps_t. Validity: by induction ||d_t|| <= A_t(m) for the
+placement m of D'' (the two float errors are each <= eps_t at the norms N_t and N_t + A_t,
+and 2 eps <= 2 k eps for k >= 1). k = 0 is the served point.
 
 Nesting (what r(D') >= r(D) - 1 needs, DESIGN.md): B(theta(D'), rho_{k-1}(D')) lies inside
-B(theta(D), rho_k(D)) with room xi_T to spare, for D' a neighbour of D. Induction on t with
-A_t(k-1; D') + ||theta_t(D') - theta_t(D)|| <= A_t(k; D): beta(D') <= beta(D) + h R~^2 / n
-(the S4 norm is a norm and monotone on PSD matrices: removing a record cannot increase it,
-adding one adds at most R~^2 / n), so L_t(D', k-1) <= L_t(D, k); N_t(D') <= N_t(D) +
-A_t(1; D) makes every eps argument of D' at k-1 at most that of D at k; the replaced-record
-terms add up exactly ((k - 1) + 1 = k). The relative slack s and the per-unit-k slack
-xi absorb the float64 rounding of the recursion, of the norms and of beta (all below 1e-12
-relative) and the rounding of the certifier's margin at the centre
-(agt/certify.py, `Certifier._ball_certified`), whose test is then isotone under this
-inclusion. Add-remove is not covered (the divisor n changes): stability bundles certify
+B(theta(D), rho_k(D)) with room xi_T to spare, for D' a neighbour of D (record i replaced).
+For a placement m' of k - 1 records, m' + e_i (e_i: record i in its batch of every epoch)
+places k records, and by induction on t A_t(k-1, m'; D') + ||theta_t(D') - theta_t(D)||
+<= A_t(k, m' + e_i; D): beta_t(D') <= beta_t(D) + h R~^2 / b_t (the S4 norm is a norm and
+monotone on PSD matrices: removing a record cannot increase it, adding one adds at most
+R~^2 / b_t), so L_t(D', k-1) <= L_t(D, k); N_t(D') <= N_t(D) + A_t(1; D) makes every eps
+argument of D' at k-1 at most that of D at k; the replaced-record terms add up exactly
+(c_t m'_t + c_t (e_i)_t); the maximum over m' on the left is then at most the maximum over
+placements of k on the right. The relative slack s and the per-unit-k slack xi absorb the
+float64 rounding of the recursion, of the norms and of beta (all below 1e-12 relative)
+and the rounding of the certifier's margin at the centre (agt/certify.py,
+`Certifier._ball_certified`), whose test is then isotone under this inclusion. Add-remove
+is not covered (the divisor b_t and the batch slots change): stability bundles certify
 replace-one only.
 """
 
@@ -73,7 +90,7 @@ import torch
 
 from agt.bounded.losses import transcendental_slack
 from agt.errors import DataError
-from agt.interval import FloatModel, gamma
+from agt.interval import BOUND_DTYPE, FloatModel, Interval, gamma
 
 #: sup of lambda_max of the loss Hessian in the logits
 HESSIAN_BOUND = {"cross_entropy": 0.5, "binary_cross_entropy": 0.25}
@@ -114,25 +131,37 @@ def check_domain(x: np.ndarray, norm: float, what: str = "training record") -> N
 def gram_eigen_bound(x: torch.Tensor, bias: bool) -> float:
     """A rigorous upper bound on lambda_max(X~^T X~ / n) for exact float64 data x (n, d).
 
-    ||A||_{S4} = ||A^2||_F^(1/2) >= lambda_max(A) for symmetric A. With G^ the float64 Gram
-    matrix (mirrored from its upper triangle, so exactly symmetric), |G^ - G| <= gamma_n
-    |X~|^T |X~| entrywise, whose Frobenius norm is <= gamma_n sum_i ||x~_i||^2; with C^ the
-    float64 product G^ G^, |C^ - G^^2| <= gamma_d |G^|^2. So
-    ||G||_{S4} <= (||C^||_F + gamma_d || |G^| ||_F^2)^(1/2) + gamma_n sum_i ||x~_i||^2."""
+    ||A||_{S4} = ||A^2||_F^(1/2) >= lambda_max(A) for symmetric A. X~^T X~ and X~ X~^T share
+    their nonzero eigenvalues, so the smaller one (m x m, m = min(n, d~); the other
+    dimension p is the inner one) is formed. With G^ its float64 value (mirrored from the
+    upper triangle, so exactly symmetric), |G^ - G| <= gamma_p |X~||X~|^T (or |X~|^T|X~|)
+    entrywise, whose Frobenius norm is <= gamma_p sum_i ||x~_i||^2; with C^ the float64
+    product G^ G^, |C^ - G^^2| <= gamma_m |G^|^2. So
+    ||G||_{S4} <= (||C^||_F + gamma_m || |G^| ||_F^2)^(1/2) + gamma_p sum_i ||x~_i||^2."""
     x = x.to(torch.float64).reshape(x.shape[0], -1)
     if bias:
         x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)], dim=1)
     n, d = x.shape
-    gram = x.T @ x
-    upper = torch.triu(gram)
-    gram = upper + torch.triu(gram, 1).T
+    gram, m, inner = (x @ x.T, n, d) if n < d else (x.T @ x, d, n)
+    gram = torch.triu(gram) + torch.triu(gram, 1).T
     sq_norms = float((x * x).sum()) * (1.0 + gamma(n * d + 2, _U64))
-    err_gram = gamma(n + 2, _U64) * sq_norms
+    err_gram = gamma(inner + 2, _U64) * sq_norms
     square = gram @ gram
-    fro_square = float(torch.linalg.norm(square)) * (1.0 + gamma(d * d + 4, _U64))
-    fro_abs = float(torch.linalg.norm(gram)) * (1.0 + gamma(d * d + 4, _U64))
-    s4 = math.sqrt((fro_square + gamma(d + 2, _U64) * fro_abs * fro_abs) * _UP) * _UP
+    fro_square = float(torch.linalg.norm(square)) * (1.0 + gamma(m * m + 4, _U64))
+    fro_abs = float(torch.linalg.norm(gram)) * (1.0 + gamma(m * m + 4, _U64))
+    s4 = math.sqrt((fro_square + gamma(m + 2, _U64) * fro_abs * fro_abs) * _UP) * _UP
     return (s4 + err_gram) * _UP / n * _UP
+
+
+@dataclass(frozen=True)
+class StabilityStep:
+    """What the recursion needs of one training step t of the served run on D."""
+
+    epoch: int
+    lr: float                   # the learning rate the nominal rule used
+    batch_size: int             # b_t
+    beta: float                 # h lambda_max bound of the batch's data Hessian (on D)
+    norm: float                 # >= ||theta_t(D)||_F before the step
 
 
 @dataclass(frozen=True)
@@ -143,10 +172,8 @@ class StabilityProblem:
     n_logits: int
     in_features: int
     bias: bool
-    n: int
     l2: float
     padded_norm: float          # R~
-    beta: float                 # h lambda_max bound of the data term's Hessian on D
     fm: FloatModel
 
     @property
@@ -158,25 +185,29 @@ class StabilityProblem:
         return LOGIT_GRADIENT_BOUND[self.loss]
 
     @staticmethod
-    def build(loss: str, n_logits: int, in_features: int, bias: bool, x_exact: torch.Tensor,
-              l2: float, input_norm_bound: float, dtype: torch.dtype) -> "StabilityProblem":
+    def build(loss: str, n_logits: int, in_features: int, bias: bool, l2: float,
+              input_norm_bound: float, dtype: torch.dtype) -> "StabilityProblem":
         fm = FloatModel(dtype)
         r = padded_norm_bound(input_norm_bound, bias, fm.unit_roundoff)
-        beta = HESSIAN_BOUND[loss] * gram_eigen_bound(x_exact, bias)
-        return StabilityProblem(loss, n_logits, in_features, bias, int(x_exact.shape[0]),
-                                float(l2), r, beta, fm)
+        return StabilityProblem(loss, n_logits, in_features, bias, float(l2), r, fm)
+
+    def batch_beta(self, x_batch: torch.Tensor) -> float:
+        """beta(B) >= h lambda_max(X~_B^T X~_B / b): the curvature bound of a batch's data
+        term, from the exact float64 records of the batch."""
+        return self.h * gram_eigen_bound(x_batch, self.bias) * _UP
 
     # -- one step ---------------------------------------------------------------------------
-    def step_float_error(self, norm: float, lr: float) -> float:
-        """eps(N): ||float step - exact step|| for any in-domain batch of n records and any
-        parameters theta with ||theta||_F <= N (agt/training.py's nominal rule, sgd).
+    def step_float_error(self, norm, lr: float, batch_size: int):
+        """eps(N): ||float step - exact step|| for any in-domain batch of ``batch_size``
+        records and any parameters theta with ||theta||_F <= N (agt/training.py's nominal
+        rule, sgd). Affine in N; ``norm`` may be a float64 array (elementwise).
 
         logits (d~ terms each): ||dz|| <= coeff(d~) N R~ + sqrt(C) abs(d~);
         dL/dz: ||dg|| <= h ||dz|| + sqrt(C) tau (softmax/sigmoid are h-Lipschitz in l2; tau
         the transcendental slack); per-sample gradient g x~^T: ||dG|| <= ||dg|| R~ +
         u (G + ||dg||) R~ (one product rounding; the clamp is non-expansive towards the exact
-        value, which lies inside [-gamma, gamma]); float64 sum of n, division by n, cast:
-        (gamma64_n + u64 + u) M, M = (G + ||dg||) R~ (1 + u); update theta - lr (d + l2
+        value, which lies inside [-gamma, gamma]); float64 sum of b, division by b, cast:
+        (gamma64_b + u64 + u) M, M = (G + ||dg||) R~ (1 + u); update theta - lr (d + l2
         theta): u (l2 N + ||d + l2 theta||) lr + u lr ||.|| + u (N + lr ||.||)."""
         fm = self.fm
         u = fm.unit_roundoff
@@ -188,7 +219,7 @@ class StabilityProblem:
         dg = self.h * dz + math.sqrt(C) * transcendental_slack(fm, C)
         per_record = (self.grad_bound + dg) * r * (1.0 + u)
         d_rec = dg * r + u * per_record
-        d_mean = d_rec + (gamma(self.n + 2, _U64) + _U64 + u) * per_record * (1.0 + 2 * u)
+        d_mean = d_rec + (gamma(int(batch_size) + 2, _U64) + _U64 + u) * per_record * (1.0 + 2 * u)
         direction = (per_record + self.l2 * norm) * (1.0 + 4 * u)
         d_update = u * (self.l2 * norm + direction) * lr + u * lr * direction \
             + u * (norm + lr * direction) * (1.0 + 4 * u)
@@ -200,43 +231,71 @@ class StabilityProblem:
         gradient step of an objective whose Hessian lies in [l2, beta + l2]."""
         return max(abs(1.0 - lr * self.l2), abs(1.0 - lr * (beta + self.l2))) * _UP
 
+    def replacement_term(self, lr: float, batch_size: int) -> float:
+        """c_t = 2 G R~ lr_t / b_t: what one replaced record of the batch moves a step by."""
+        return lr * 2.0 * self.grad_bound * self.padded_norm / batch_size * _UP
+
     # -- the whole run ----------------------------------------------------------------------
-    def public_norm_bounds(self, init_norm: float, lrs: list[float]) -> list[float]:
+    def public_norm_bounds(self, init_norm: float, steps: list[StabilityStep]) -> list[float]:
         """Npub_t >= ||theta_t|| for the float run on any in-domain dataset (t = 0..T):
         ||theta_{t+1}|| <= |1 - lr l2| N + lr G R~ + eps(N)."""
         out = [init_norm * (1.0 + SLACK)]
-        for lr in lrs:
+        for s in steps:
             n = out[-1]
-            nxt = abs(1.0 - lr * self.l2) * n + lr * self.grad_bound * self.padded_norm \
-                + self.step_float_error(n, lr)
+            nxt = abs(1.0 - s.lr * self.l2) * n + s.lr * self.grad_bound * self.padded_norm \
+                + self.step_float_error(n, s.lr, s.batch_size)
             out.append(nxt * (1.0 + SLACK))
         return out
 
-    def radii(self, k_values, lrs: list[float], norms: list[float]) -> np.ndarray:
-        """rho_k for every k of the grid (module docstring). ``lrs``: the learning rate of
-        each step as the nominal rule used it; ``norms``: ||theta_t(D)||_F before each step
-        (upper bounds), t = 0..T-1."""
-        if len(norms) != len(lrs) or not lrs:
-            raise ValueError("radii needs one parameter norm per step, and at least one step")
-        pub = self.public_norm_bounds(norms[0], lrs)
+    def radii(self, k_values, steps: list[StabilityStep]) -> np.ndarray:
+        """rho_k for every k of the grid (module docstring): the recursion maximised over
+        the placements of the k replaced records (at most k per epoch, any number per
+        batch) by dynamic programming over "records placed so far in this epoch"."""
+        if not steps:
+            raise ValueError("radii needs at least one training step")
+        pub = self.public_norm_bounds(steps[0].norm, steps)
         xi = [SLACK * (p + 1.0) for p in pub]
-        r2 = self.padded_norm ** 2
         out = np.zeros(len(k_values), dtype=np.float64)
-        for j, k in enumerate(k_values):
-            if k == 0:
-                continue
-            beta_k = self.beta + k * self.h * r2 * (1.0 + SLACK) / self.n + k * SLACK * self.h * r2
-            a = 0.0
-            for t, lr in enumerate(lrs):
-                arg = norms[t] * _UP + (1.0 + SLACK) * a + k * xi[t]
-                a = (self.expansion(beta_k, lr) * a
-                     + lr * k * 2.0 * self.grad_bound * self.padded_norm / self.n
-                     + k * 2.0 * self.step_float_error(arg, lr)) * _UP
-                if not math.isfinite(a):
-                    a = math.inf
-                    break
-            out[j] = (1.0 + SLACK) * a + k * xi[len(lrs)]
+        with np.errstate(over="ignore", invalid="ignore"):     # a radius may overflow to inf
+            for j, k in enumerate(k_values):
+                out[j] = self._radius(int(k), steps, xi) if k else 0.0
         return out
+
+    def _radius(self, k: int, steps: list[StabilityStep], xi: list[float]) -> float:
+        """rho_k for one k >= 1 (`radii`)."""
+        r2 = self.padded_norm ** 2
+        placed = np.arange(k + 1, dtype=np.float64)
+        # worst[m]: the largest A_t over placements that put m records in this epoch so far
+        worst = np.zeros(k + 1)
+        for t, s in enumerate(steps):
+            if t > 0 and s.epoch != steps[t - 1].epoch:
+                worst[:] = worst.max()              # a new epoch: every record may recur
+            beta_k = s.beta + k * self.h * r2 * (1.0 + SLACK) / s.batch_size \
+                + k * SLACK * self.h * r2
+            arg = s.norm * _UP + (1.0 + SLACK) * worst + k * xi[t]
+            moved = (self.expansion(beta_k, s.lr) * worst
+                     + k * 2.0 * self.step_float_error(arg, s.lr, s.batch_size)) * _UP
+            c = self.replacement_term(s.lr, s.batch_size)
+            # after[m] = max over m' <= m of moved[m'] + c (m - m'), as a running maximum;
+            # the absolute term covers the rounding of subtracting and adding c m back
+            after = np.maximum.accumulate(moved - c * placed) + c * placed
+            worst = after * _UP + 8.0 * _U64 * (moved.max() + c * k)
+            if not np.isfinite(worst).all():
+                return math.inf
+        return (1.0 + SLACK) * float(worst.max()) + k * xi[len(steps)]
+
+
+def ball_boxes(centre: torch.Tensor, radii: np.ndarray) -> Interval:
+    """The boxes (K, ...) enclosing the balls B(centre, rho_k) (config ``k_boxes: ball``):
+    |theta''_j - c_j| <= ||theta'' - c|| <= rho_k, rounded outwards in float64. They nest
+    as the balls do: coordinatewise |c'_j - c_j| + rho_{k-1}(D') <= rho_k(D) - xi, and xi
+    is far above the one rounding of each bound."""
+    c = centre.to(BOUND_DTYPE).unsqueeze(0)
+    rho = torch.as_tensor(np.asarray(radii, dtype=np.float64), device=c.device)
+    rho = rho.reshape(-1, *([1] * centre.dim()))
+    lo = torch.nextafter(c - rho, torch.tensor(-math.inf, dtype=BOUND_DTYPE, device=c.device))
+    hi = torch.nextafter(c + rho, torch.tensor(math.inf, dtype=BOUND_DTYPE, device=c.device))
+    return Interval(lo, hi)
 
 
 def parameter_norm(theta: dict[str, torch.Tensor]) -> float:

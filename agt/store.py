@@ -406,7 +406,7 @@ def validate_bundle(bundle: Bundle) -> None:
             raise BundleError(f"{where}: bounds of '{name}' are not nested in k")
     ball = bundle.ball_radius
     if ball is not None:
-        if np.isnan(ball).any() or (ball < 0).any() or (np.diff(ball) < 0).any() or \
+        if np.isnan(ball).any() or (ball < 0).any() or (ball[1:] < ball[:-1]).any() or \
                 (bundle.k_values[0] == 0 and ball[0] != 0.0):
             raise BundleError(f"{where}: /{BALL_PATH} must be >= 0, 0 at k = 0 and "
                               f"non-decreasing in k")

@@ -18,8 +18,8 @@ stored in the bundle (``/order``).
 Bound method (config ``bound_method``): "served-k0" (default) stores the served parameters
 themselves as the k = 0 box (`served_k0_box`: valid, nested and smooth); "interval" keeps
 the paper's interval box at k = 0 too. Boxes of k >= 1 are the same under all methods;
-"stability" (a linear head trained by full-batch gradient descent inside a declared input
-domain) adds one L2 ball per k around the served parameters (agt/stability.py), and a
+"stability" (a linear head trained by gradient descent, full-batch or on minibatches,
+inside a declared input domain) adds one L2 ball per k around the served parameters (agt/stability.py), and a
 query is certified at k when its box or its ball certifies.
 
 Neighbouring relations certified. Batches are a function of the record index, so replacing
@@ -51,7 +51,8 @@ from agt.errors import ConfigError, DataError, SoundnessError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
 from agt.models import ModelSpec, infer_shapes, init_params
 from agt.optim import UpdateRule, round_to
-from agt.stability import StabilityProblem, check_domain, parameter_norm
+from agt.stability import (StabilityProblem, StabilityStep, ball_boxes, check_domain,
+                           parameter_norm)
 from agt.tensors import resolve_device, torch_dtype
 from agt.topk import DescentAccumulator, ThresholdAccumulator, order_statistics
 
@@ -168,7 +169,7 @@ class _Trainer:
             layer = self.spec.layers[0]
             self.stability = StabilityProblem.build(
                 cfg.loss, self.spec.n_logits, int(self.x_nominal[0].numel()), layer.bias,
-                self.x_bounds, self.rule.l2, cfg.input_norm_bound, self.dtype)
+                self.rule.l2, cfg.input_norm_bound, self.dtype)
 
     def _features(self, x: torch.Tensor):
         """Inputs of the trainable part: nominal (dtype) and for the bound pass an exact
@@ -333,7 +334,9 @@ class _Trainer:
         theta = {n: self.init[n].clone() for n in self.trainable}
         buf: dict[str, torch.Tensor | None] = {n: None for n in self.trainable}
         boxes = vboxes = None
-        if with_bounds:
+        # k_boxes "ball": the boxes of k >= 1 come from the stability balls after the run
+        interval_pass = with_bounds and cfg.k_boxes == "interval"
+        if interval_pass:
             boxes = {n: Interval.exact(theta[n].unsqueeze(0).expand(K, *theta[n].shape).clone())
                      for n in self.trainable}
             vboxes = {n: None for n in self.trainable}
@@ -341,17 +344,23 @@ class _Trainer:
         plan = [(e, b) for e in range(cfg.n_epochs) for b in _batches(orders[e], self.batch_size)]
         bar = tqdm(plan, desc=f"AGT train (K={K})" if with_bounds else "train",
                    unit="step", disable=not progress, leave=False)
-        lrs, norms = [], []
+        ball_steps, whole_beta = [], None
         for step, (epoch, batch) in enumerate(bar):
             idx = torch.as_tensor(batch, device=self.device)
             lr = round_to(cfg.learning_rate_at(step), self.dtype)
-            if self.stability is not None:
-                lrs.append(lr)
-                norms.append(parameter_norm(theta))
-            use_thresholds = with_bounds and cfg.selection == "threshold"
+            if self.stability is not None and with_bounds:
+                if len(batch) < self.n:
+                    beta = self.stability.batch_beta(self.x_bounds[idx])
+                else:                       # one batch of all records: the same every epoch
+                    if whole_beta is None:
+                        whole_beta = self.stability.batch_beta(self.x_bounds)
+                    beta = whole_beta
+                ball_steps.append(StabilityStep(epoch, lr, len(batch), beta,
+                                                parameter_norm(theta)))
+            use_thresholds = interval_pass and cfg.selection == "threshold"
             direction, stats = self.nominal_direction(
                 theta, idx, k_max=int(k_tensor.max()) if use_thresholds else 0)
-            if with_bounds:
+            if interval_pass:
                 d_boxes = self.descent_bounds(boxes, k_tensor, idx, shared=(step == 0), stats=stats)
                 new_boxes, new_v = {}, {}
                 for n in self.trainable:
@@ -361,15 +370,19 @@ class _Trainer:
                 vboxes = {n: (_monotone_in_k(v) if v is not None else None) for n, v in new_v.items()}
             for n in self.trainable:
                 theta[n], buf[n] = self.rule.nominal(theta[n], buf[n], direction[n], lr)
-            if with_bounds:
+            if interval_pass:
                 _check_contains(boxes, theta, step)
             if step_callback is not None:
                 step_callback(step, theta, boxes)
         bar.close()
         nominal = {k: v.clone() for k, v in self.init.items()}
         nominal.update(theta)
-        lower = upper = None
+        lower = upper = ball = None
+        if with_bounds and self.stability is not None:
+            ball = self.stability.radii(k_list, ball_steps)
         if with_bounds:
+            if not interval_pass:
+                boxes = {n: ball_boxes(nominal[n], ball) for n in self.trainable}
             lower, upper = {}, {}
             for name, value in nominal.items():
                 if name in boxes:
@@ -379,9 +392,6 @@ class _Trainer:
                     lower[name], upper[name] = v.clone(), v.clone()
             if cfg.bound_method in ("served-k0", "stability"):
                 lower, upper = served_k0_box(k_list, nominal, lower, upper)
-        ball = None
-        if with_bounds and self.stability is not None:
-            ball = self.stability.radii(k_list, lrs, norms)
         return TrainResult(cfg, self.spec, k_list, self.init, nominal, lower, upper, orders,
                            self.relations, ds_sha, self.n, time.perf_counter() - t_start,
                            ball_radius=ball)

@@ -19,14 +19,21 @@ Tasks (fixed data, seeds and settings; no task is tuned to a method):
   digits10_gd      digits, 10 classes, linear 64-10, CE, plain gradient descent: full batch,
                    30 steps, lr 0.3, clamp inactive (gamma 8), float32, k = 0..30; the
                    declared input domain of "stability" is ||x|| <= 8 (64 pixels in [0, 1])
+  digits_bin_mb_linear  digits_bin_mb's data and settings (minibatch 128, 2 epochs, lr 0.5,
+                   BCE, float32) with a linear model 64-1 and an inactive clamp (gamma 8)
+  digits10_sgd     digits, 10 classes, linear 64-10, CE, minibatch 128, 3 epochs (33 steps),
+                   lr 0.2, gamma 8, float32, k = 0..30
   ensemble_t25     Blobs logistic 6-2 (configs/blobs.yaml: 1 full-batch step), T = 25 teachers
                    of 200 records, k = 0..199; the ensemble radius of Thm 5.3 per query
 
-    python benchmarks/bench_tightness.py [--tasks a,b] [--methods interval,served-k0,stability]
+    python benchmarks/bench_tightness.py [--tasks a,b]
+                                         [--methods interval,served-k0,stability,stability-ball]
                                          [--json FILE]
 
-Method "stability" (agt/stability.py) applies only to a linear head trained by full-batch
-gradient descent without momentum; on the other tasks it is reported as not applicable.
+Method "stability" (agt/stability.py) applies only to a linear head trained by gradient
+descent (full batch or minibatches) without momentum and with an inactive clamp; on the
+other tasks it is reported as not applicable. "stability-ball" is the same method with
+``k_boxes: ball`` (the boxes of k >= 1 enclose the balls; no interval pass in training).
 
 The first method is the baseline of the ratios. Digits come from scikit-learn (offline).
 """
@@ -111,6 +118,17 @@ def task_setup(name: str):
                    learning_rate=0.3, n_epochs=30, batch_size="full", clip_gamma=DIGITS_NORM,
                    k_values="0..30", dtype="float32")
         return cfg, _digits(False), (1, 2, 5), 0
+    if name == "digits_bin_mb_linear":
+        # digits_bin_mb with a linear model, and a clamp that never acts (gamma = R)
+        cfg = _cfg(model=[{"linear": {"in": 64, "out": 1}}], loss="binary_cross_entropy",
+                   learning_rate=0.5, n_epochs=2, batch_size=128, clip_gamma=DIGITS_NORM,
+                   k_values="0..20", dtype="float32")
+        return cfg, _digits(True), (1, 2, 5), 0
+    if name == "digits10_sgd":
+        cfg = _cfg(model=[{"linear": {"in": 64, "out": 10}}], loss="cross_entropy",
+                   learning_rate=0.2, n_epochs=3, batch_size=128, clip_gamma=DIGITS_NORM,
+                   k_values="0..30", dtype="float32")
+        return cfg, _digits(False), (1, 2, 5), 0
     if name == "ensemble_t25":
         cfg = load_config("configs/blobs.yaml", {"device": "cpu"})
         return cfg, load_dataset(cfg.data.name, cfg.data.options), (25, 100, 400), 25
@@ -118,7 +136,7 @@ def task_setup(name: str):
 
 
 TASKS = ("blobs_mlp", "digits_bin_mb", "digits10_linear", "digits10_mlp", "imdb_head",
-         "ensemble_t25", "digits10_gd")
+         "ensemble_t25", "digits10_gd", "digits_bin_mb_linear", "digits10_sgd")
 #: the declared input domain of the digits tasks: 64 pixels scaled into [0, 1]
 DIGITS_NORM = 8.0
 
@@ -126,6 +144,9 @@ DIGITS_NORM = 8.0
 def with_method(cfg, method: str):
     if method == "stability":
         return cfg.replace(bound_method=method, input_norm_bound=DIGITS_NORM)
+    if method == "stability-ball":          # the same balls, boxes from them (no interval pass)
+        return cfg.replace(bound_method="stability", input_norm_bound=DIGITS_NORM,
+                           k_boxes="ball")
     if method == BASELINE and "bound_method" not in cfg.raw:
         try:
             return cfg.replace(bound_method=method)

@@ -21,7 +21,7 @@ from agt.certify import Certifier
 from agt.data import Dataset
 from agt.errors import BundleError, ConfigError, DataError
 from agt.store import BALL_PATH, from_result, read_bundle, write_bundle
-from agt.training import train, train_nominal
+from agt.training import epoch_orders, train, train_nominal
 
 from tests.helpers import config, restamp
 
@@ -52,11 +52,11 @@ def head(dim, n_classes, **kw):
     return config([{"linear": {"in": dim, "out": out}}], loss, **base)
 
 
-def neighbour(ds: Dataset, m: int, rng, kind: str) -> Dataset:
-    """Replace m records: random domain points, or adversarial ones (norm R, pointing away
-    from the replaced record, with another label)."""
+def neighbour(ds: Dataset, m: int, rng, kind: str, idx=None) -> Dataset:
+    """Replace m records (at ``idx``, or at random indices): random domain points, or
+    adversarial ones (norm R, pointing away from the replaced record, with another label)."""
     x, y = ds.x_train.copy(), ds.y_train.copy()
-    idx = rng.choice(len(y), size=m, replace=False)
+    idx = rng.choice(len(y), size=m, replace=False) if idx is None else np.asarray(idx[:m])
     if kind == "random":
         z = rng.normal(size=x[idx].shape)
         x[idx] = z * (rng.uniform(0, R, size=(m, 1)) / np.linalg.norm(z, axis=1, keepdims=True))
@@ -71,25 +71,39 @@ def distance(a: dict, b: dict) -> float:
                          for n in a))
 
 
+def late_indices(cfg, n: int) -> np.ndarray:
+    """The records of the last batch of the last epoch, where a replaced record's step is
+    contracted least (the worst placement the radii maximise over, when steps contract)."""
+    orders = epoch_orders(n, cfg.n_epochs, cfg.seed)
+    b = cfg.batch_for(n)
+    return orders[-1][(n - 1) // b * b:][::-1]
+
+
 def worst_ratio(cfg, ds, trials: int, seed: int) -> float:
-    """max over retrained neighbours within distance k of ||theta'' - theta|| / rho_k."""
+    """max over retrained neighbours within distance k of ||theta'' - theta|| / rho_k; odd
+    trials replace records of the last batch (random indices otherwise)."""
     res = train(cfg, ds)
     rng = np.random.default_rng(seed)
+    late = late_indices(cfg, len(ds.y_train))
     worst = 0.0
     for t in range(trials):
         for j, k in enumerate(res.k_values):
             if k == 0:
                 continue
-            other = train_nominal(cfg, neighbour(ds, k, rng, ("random", "adversarial")[t % 2]))
+            idx = late if t % 2 and len(late) >= k else None
+            other = train_nominal(cfg, neighbour(ds, k, rng, ("random", "adversarial")[t % 2],
+                                                 idx))
             worst = max(worst, distance(other, res.nominal) / res.ball_radius[j])
     return worst
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("lr", [0.3, 1.6])          # lr * beta below and above 2
-def test_retrained_neighbours_stay_in_the_ball(dtype, lr):
+@pytest.mark.parametrize("batch", ["full", 16])
+def test_retrained_neighbours_stay_in_the_ball(dtype, lr, batch):
     ds = ball_data(80, 20, 4, 3, seed=1)
-    cfg = head(4, 3, dtype=dtype, learning_rate=lr)
+    epochs = 12 if batch == "full" else 3
+    cfg = head(4, 3, dtype=dtype, learning_rate=lr, batch_size=batch, n_epochs=epochs)
     assert worst_ratio(cfg, ds, trials=6, seed=2) <= 1.0
 
 
@@ -99,7 +113,7 @@ def test_float_error_term_is_needed(weakened, monkeypatch):
     ball holds only with the float-error term; without it a retrained neighbour leaves."""
     if weakened:
         monkeypatch.setattr(stability.StabilityProblem, "step_float_error",
-                            lambda self, norm, lr: 0.0)
+                            lambda self, norm, lr, batch_size: 0.0 * norm)
     ds = ball_data(1000, 5, 4, 3, seed=1)
     cfg = head(4, 3, dtype="float32", learning_rate=1e-6, n_epochs=10, k_values=[0, 1])
     assert (worst_ratio(cfg, ds, trials=10, seed=3) > 1.0) == weakened
@@ -113,16 +127,18 @@ def test_binary_head_and_l2():
 
 # -- the replaced-record term is tight: a weakened one is caught ------------------------------
 
-def logistic_head_from(tmp_path, weight, bias, *, lr, steps, radius):
+def logistic_head_from(tmp_path, weight, bias, *, lr, steps, radius, **kw):
     """Config of a 2-input logistic head that starts from the given parameters (a public
-    init file), trained by full-batch gradient descent under bound method stability."""
+    init file), trained by gradient descent (full batch unless ``kw`` says otherwise) under
+    bound method stability."""
     init = tmp_path / "init.npz"
     np.savez(init, **{"0.weight": np.asarray([weight], dtype=np.float64),
                       "0.bias": np.asarray([bias], dtype=np.float64)})
-    return config([{"linear": {"in": 2, "out": 1}}], "binary_cross_entropy", learning_rate=lr,
-                  lr_decay=0.0, n_epochs=steps, batch_size="full", clip_gamma=radius,
-                  k_values=[0, 1], bound_method="stability", input_norm_bound=radius,
-                  pretrained=str(init))
+    settings = dict(learning_rate=lr, lr_decay=0.0, n_epochs=steps, batch_size="full",
+                    clip_gamma=radius, k_values=[0, 1], bound_method="stability",
+                    input_norm_bound=radius, pretrained=str(init))
+    settings.update(kw)
+    return config([{"linear": {"in": 2, "out": 1}}], "binary_cross_entropy", **settings)
 
 
 def saturated_one_step(tmp_path, radius=10.0):
@@ -151,6 +167,86 @@ def test_replacement_term_is_tight_and_weakened_version_fails(tmp_path, monkeypa
     monkeypatch.setitem(stability.LOGIT_GRADIENT_BOUND, "binary_cross_entropy", 0.9)
     weak = train(cfg, ds)
     assert moved > weak.ball_radius[1]
+
+
+@pytest.mark.parametrize("weakened", [False, True])
+def test_minibatch_replacement_term_is_tight_and_weakened_version_fails(tmp_path, monkeypatch,
+                                                                        weakened):
+    """Batches of 2 out of 10 records, one epoch, L2 contraction 0.9 per step (lr beta_k
+    small enough that no step expands): the saturated record sits in the last batch, so replacing it moves the served step by 99.5 % of the
+    bound c = 2 G R~ lr / b. A radius that divides by n as full-batch training does (the
+    replaced record's weight spread over the epoch) misses it."""
+    radius, n = 10.0, 10
+    cfg = logistic_head_from(tmp_path, [0.0, 0.0], -60.0, lr=0.05, steps=1, radius=radius,
+                             batch_size=2, l2_reg=2.0)
+    slot = int(late_indices(cfg, n)[0])
+    x = np.zeros((n, 2))
+    x[:, 1] = np.linspace(-1, 1, n)
+    x[slot] = [radius, 0.0]
+    y = np.zeros(n, dtype=np.int64)
+    y[slot] = 1
+    ds = Dataset("sat", x, y, x[:2], y[:2], 2)
+    x2 = x.copy()
+    x2[slot] = [-radius, 0.0]
+    if weakened:
+        monkeypatch.setattr(stability.StabilityProblem, "replacement_term",
+                            lambda self, lr, batch_size: lr * 2.0 * self.grad_bound
+                            * self.padded_norm / n)
+    res = train(cfg, ds)
+    moved = distance(train_nominal(cfg, Dataset("sat", x2, y, x[:2], y[:2], 2)), res.nominal)
+    assert (moved > res.ball_radius[1]) == weakened
+    if not weakened:
+        assert moved > 0.99 * res.ball_radius[1]
+
+
+def brute_force_radius(problem, k: int, steps, only_last: bool = False) -> float:
+    """max over every placement (at most k records per epoch) of the scalar recursion A_T,
+    enumerated placement by placement (a check of the dynamic programme in `radii`);
+    ``only_last``: the one placement with all k records in the last batch of each epoch."""
+    import itertools
+    pub = problem.public_norm_bounds(steps[0].norm, steps)
+    xi = [stability.SLACK * (p + 1.0) for p in pub]
+    r2 = problem.padded_norm ** 2
+    epochs = sorted({s.epoch for s in steps})
+    per_epoch = []
+    for e in epochs:
+        width = sum(s.epoch == e for s in steps)
+        per_epoch.append([m for m in itertools.product(range(k + 1), repeat=width)
+                          if sum(m) <= k and (not only_last or m[-1] == k)])
+    best = 0.0
+    for choice in itertools.product(*per_epoch):
+        m = [v for part in choice for v in part]
+        a = 0.0
+        for t, s in enumerate(steps):
+            beta_k = s.beta + k * problem.h * r2 * (1 + stability.SLACK) / s.batch_size \
+                + k * stability.SLACK * problem.h * r2
+            arg = s.norm + (1 + stability.SLACK) * a + k * xi[t]
+            a = problem.expansion(beta_k, s.lr) * a + m[t] * problem.replacement_term(
+                s.lr, s.batch_size) + k * 2.0 * problem.step_float_error(arg, s.lr, s.batch_size)
+        best = max(best, a)
+    return (1 + stability.SLACK) * best + k * xi[-1]
+
+
+def test_placement_maximum_matches_enumeration():
+    """The dynamic programme over placements equals the brute-force maximum (up to its
+    1e-12 rounding allowance), with expansive and contractive steps mixed so that the worst
+    batch differs between epochs, and it exceeds the value of a fixed placement."""
+    problem = stability.StabilityProblem.build("cross_entropy", 3, 4, True, 0.05, R,
+                                               torch.float32)
+    rng = np.random.default_rng(15)
+    gaps = []
+    for trial in range(4):
+        steps = [stability.StabilityStep(epoch=t // 3, lr=float(rng.uniform(0.2, 3.0)),
+                                         batch_size=int(rng.integers(4, 20)),
+                                         beta=float(rng.uniform(0.1, 1.5)),
+                                         norm=float(rng.uniform(0, 3)))
+                 for t in range(6)]
+        for k in (1, 2, 3):
+            dp = float(problem.radii([0, k], steps)[1])
+            brute = brute_force_radius(problem, k, steps)
+            assert brute <= dp <= brute * (1 + 1e-9)
+            gaps.append(dp / brute_force_radius(problem, k, steps, only_last=True))
+    assert min(gaps) >= 1.0 and max(gaps) > 1.5
 
 
 # -- the expansion factor: an expansive step size, and weakened factors that miss it ---------
@@ -217,10 +313,10 @@ def test_expansion_factor_bounds_the_step_jacobian(weakened, monkeypatch):
                        for s in (0.0, 0.3, 1.0, 3.0)]))
     excess = []
     for loss, n_out, xs, ys, thetas in cases:
-        problem = stability.StabilityProblem.build(loss, n_out, xs.shape[1], True, xs, 0.0, R,
+        problem = stability.StabilityProblem.build(loss, n_out, xs.shape[1], True, 0.0, R,
                                                    torch.float64)
         for lr in (0.5, 1.6, 4.0):
-            bound = problem.expansion(problem.beta, lr)
+            bound = problem.expansion(problem.batch_beta(xs), lr)
             excess += [step_jacobian_norm(xs, ys, theta.to(torch.float64), lr, loss, n_out) - bound
                        for theta in thetas]
     assert (max(excess) > 0) == weakened
@@ -271,11 +367,13 @@ def test_ball_certificates_hold_at_the_worst_parameters():
     assert bool(bad_weak.any())
 
 
-def test_neighbour_nesting_and_smooth_radii():
+@pytest.mark.parametrize("batch", ["full", 20])
+def test_neighbour_nesting_and_smooth_radii(batch):
     """ball(D', k-1) inside ball(D, k) for neighbours D' (centre distance plus radius), and
-    r(D') >= r(D) - 1 for every test query."""
+    r(D') >= r(D) - 1 for every test query; full batch and minibatches."""
     ds = ball_data(100, 150, 4, 3, seed=7)
-    cfg = head(4, 3, dtype="float32", k_values="0..6")
+    cfg = head(4, 3, dtype="float32", k_values="0..6", batch_size=batch,
+               n_epochs=12 if batch == "full" else 3, learning_rate=0.3 if batch == "full" else 0.1)
     base = train(cfg, ds)
     r_base = Certifier(from_result(base)).certify(ds.x_test).radius
     assert (r_base >= 1).mean() > 0.3
@@ -303,16 +401,55 @@ def test_certifies_where_the_interval_boxes_do_not():
     assert frac_box < 0.05 and frac > 0.5
 
 
+@pytest.mark.parametrize("batch", ["full", 20])
+def test_ball_boxes_hold_neighbours_nest_and_skip_the_interval_pass(batch):
+    """k_boxes: ball: the same served model and radii as the interval pass, boxes that hold
+    retrained neighbours (checked coordinatewise) and nest for neighbours (box(D', k - 1)
+    inside box(D, k)), and certificates at least those of the balls alone."""
+    ds = ball_data(100, 150, 4, 3, seed=16)
+    epochs, lr = (12, 0.3) if batch == "full" else (3, 0.1)
+    cfg = head(4, 3, dtype="float32", k_values="0..4", batch_size=batch, n_epochs=epochs,
+               learning_rate=lr, k_boxes="ball")
+    fast = train(cfg, ds)
+    slow = train(cfg.replace(k_boxes="interval"), ds)
+    for n in fast.nominal:
+        assert torch.equal(fast.nominal[n], slow.nominal[n])
+    np.testing.assert_array_equal(fast.ball_radius, slow.ball_radius)
+    ball_only = Certifier(from_result(slow))
+    ball_only.lower = {n: t.clone() for n, t in ball_only.lower.items()}
+    for n in ball_only.lower:                   # boxes that certify nothing at k >= 1
+        ball_only.lower[n][1:] = -1e30
+        ball_only.upper[n][1:] = 1e30
+    r_ball = ball_only.certify(ds.x_test).max_certified_k
+    r_fast = Certifier(from_result(fast)).certify(ds.x_test).max_certified_k
+    assert bool((r_fast >= r_ball).all()) and (r_fast >= 1).mean() > 0.3
+    rng = np.random.default_rng(17)
+    late = late_indices(cfg, len(ds.y_train))
+    for t in range(4):
+        for j, k in enumerate(fast.k_values[1:], start=1):
+            other_ds = neighbour(ds, k, rng, ("random", "adversarial")[t % 2],
+                                 late if t % 2 else None)
+            other = train_nominal(cfg, other_ds)
+            for n in other:
+                v = other[n].to(torch.float64)
+                assert bool(((fast.lower[n][j] <= v) & (v <= fast.upper[n][j])).all())
+        moved = train(cfg, neighbour(ds, 1, rng, ("random", "adversarial")[t % 2]))
+        for n in moved.nominal:
+            assert bool((moved.lower[n][:-1] >= fast.lower[n][1:]).all())
+            assert bool((moved.upper[n][:-1] <= fast.upper[n][1:]).all())
+
+
 # -- errors and storage -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("change,needle", [
     (dict(model=[{"linear": {"in": 4, "out": 8}}, {"relu": {}}, {"linear": {"in": 8, "out": 3}}]),
      "one trainable linear layer"),
     (dict(optimizer="sgdm", momentum=0.9), "without momentum"),
-    (dict(batch_size=16), "batch_size: full"),
     (dict(input_norm_bound=None), "needs input_norm_bound"),
     (dict(clip_gamma=0.5), "clip_gamma >= 2"),
     (dict(bound_method="served-k0"), "used only by bound_method: stability"),
+    (dict(bound_method="served-k0", input_norm_bound=None, k_boxes="ball"),
+     "k_boxes: ball needs bound_method: stability"),
 ])
 def test_config_errors(change, needle):
     base = dict(model=[{"linear": {"in": 4, "out": 3}}], loss="cross_entropy",
