@@ -23,6 +23,9 @@ Tasks (fixed data, seeds and settings; no task is tuned to a method):
                    BCE, float32) with a linear model 64-1 and an inactive clamp (gamma 8)
   digits10_sgd     digits, 10 classes, linear 64-10, CE, minibatch 128, 3 epochs (33 steps),
                    lr 0.2, gamma 8, float32, k = 0..30
+  digits10_gd_centred, digits10_sgd_centred   the same two tasks on pixels minus 0.5 (the
+                   middle of the public range), gamma 4 and, for "stability", R = 4: a public
+                   preprocessing that halves the declared L2 domain
   ensemble_t25     Blobs logistic 6-2 (configs/blobs.yaml: 1 full-batch step), T = 25 teachers
                    of 200 records, k = 0..199; the ensemble radius of Thm 5.3 per query
 
@@ -59,11 +62,13 @@ from agt.training import train  # noqa: E402
 BASELINE = "interval"
 
 
-def _digits(binary: bool) -> Dataset:
+def _digits(binary: bool, centred: bool = False) -> Dataset:
+    """Pixels scaled into [0, 1]; ``centred``: minus 0.5, the middle of the public range,
+    which halves the L2 domain (||x - 0.5|| <= 4 instead of ||x|| <= 8)."""
     from sklearn.datasets import load_digits
     d = load_digits()
     perm = np.random.default_rng(0).permutation(len(d.target))
-    x = d.data[perm] / 16.0
+    x = d.data[perm] / 16.0 - (0.5 if centred else 0.0)
     y = d.target[perm]
     if binary:
         y = (y >= 5).astype(np.int64)
@@ -129,6 +134,9 @@ def task_setup(name: str):
                    learning_rate=0.2, n_epochs=3, batch_size=128, clip_gamma=DIGITS_NORM,
                    k_values="0..30", dtype="float32")
         return cfg, _digits(False), (1, 2, 5), 0
+    if name in ("digits10_gd_centred", "digits10_sgd_centred"):
+        cfg, _, ks, _ = task_setup(name.removesuffix("_centred"))
+        return cfg.replace(clip_gamma=CENTRED_NORM), _digits(False, centred=True), ks, 0
     if name == "ensemble_t25":
         cfg = load_config("configs/blobs.yaml", {"device": "cpu"})
         return cfg, load_dataset(cfg.data.name, cfg.data.options), (25, 100, 400), 25
@@ -136,17 +144,23 @@ def task_setup(name: str):
 
 
 TASKS = ("blobs_mlp", "digits_bin_mb", "digits10_linear", "digits10_mlp", "imdb_head",
-         "ensemble_t25", "digits10_gd", "digits_bin_mb_linear", "digits10_sgd")
+         "ensemble_t25", "digits10_gd", "digits_bin_mb_linear", "digits10_sgd",
+         "digits10_gd_centred", "digits10_sgd_centred")
 #: the declared input domain of the digits tasks: 64 pixels scaled into [0, 1]
 DIGITS_NORM = 8.0
+#: ... and of the centred ones: 64 pixels in [-0.5, 0.5]
+CENTRED_NORM = 4.0
 
 
-def with_method(cfg, method: str):
+def domain_of(task: str) -> float:
+    return CENTRED_NORM if task.endswith("_centred") else DIGITS_NORM
+
+
+def with_method(cfg, method: str, norm: float = DIGITS_NORM):
     if method == "stability":
-        return cfg.replace(bound_method=method, input_norm_bound=DIGITS_NORM)
+        return cfg.replace(bound_method=method, input_norm_bound=norm)
     if method == "stability-ball":          # the same balls, boxes from them (no interval pass)
-        return cfg.replace(bound_method="stability", input_norm_bound=DIGITS_NORM,
-                           k_boxes="ball")
+        return cfg.replace(bound_method="stability", input_norm_bound=norm, k_boxes="ball")
     if method == BASELINE and "bound_method" not in cfg.raw:
         try:
             return cfg.replace(bound_method=method)
@@ -157,7 +171,7 @@ def with_method(cfg, method: str):
 
 def run(name: str, method: str) -> dict:
     cfg, ds, ks, n_teachers = task_setup(name)
-    cfg = with_method(cfg, method)
+    cfg = with_method(cfg, method, domain_of(name))
     if n_teachers:
         from agt.ensemble import EnsembleCertifier, train_ensemble
         from mechanisms.ensemble import aggregate, ensemble_radius

@@ -25,9 +25,11 @@ rows are the mean over those seeds, their spread counts seeds and noise draws. F
 bundles certify replace-one, and their radii are smooth (exact selection).
 
 Hyperparameters. lambda, T and the grids are fixed in the plan a priori. The AGT settings
-(learning rate, epochs, clipping: `agt_grid`) and DP-SGD's learning rate (`dpsgd_grid`) are
-chosen per task on a public synthetic surrogate of the digits' shape, never on the digits
-(experiments/public_tuning.py); results.json lists every candidate's surrogate score.
+(learning rate, epochs, clipping: `agt_grid`; and learning rate, epochs of plain gradient
+descent under bound method stability: `agt_stability_grid`, see STABILITY_SETTINGS) and
+DP-SGD's learning rate (`dpsgd_grid`) are chosen per task on a public synthetic surrogate of
+the digits' shape, never on the digits (experiments/public_tuning.py); results.json lists
+every candidate's surrogate score.
 
 Data-dependent preprocessing. The unit-ball map uses only the public pixel range. Fig. 5's
 PCA basis is fit on the *test inputs* (the queries, which the querier sends; their labels
@@ -149,6 +151,7 @@ class TradeoffSettings:
     agt_seeds: tuple = (0,)
     agt: dict = field(default_factory=dict)
     agt_grid: dict = field(default_factory=dict)
+    agt_stability_grid: dict = field(default_factory=dict)
     tol: float = 1e-8
     dpsgd: dict = field(default_factory=dict)
     dpsgd_grid: dict = field(default_factory=dict)
@@ -173,7 +176,8 @@ class TradeoffSettings:
                                      for v in values) or len(set(values)) != len(values):
                 problems.add(f"{where}.{name}: a non-empty list of distinct seeds >= 0, got "
                              f"{values!r}")
-        for name, spec in (("agt_grid", self.agt_grid), ("dpsgd_grid", self.dpsgd_grid)):
+        for name, spec in (("agt_grid", self.agt_grid), ("dpsgd_grid", self.dpsgd_grid),
+                           ("agt_stability_grid", self.agt_stability_grid)):
             try:
                 grid(spec)
             except (ValueError, TypeError) as exc:
@@ -217,6 +221,14 @@ def load_settings(path: str | Path | None = None, *, quick: bool = False,
     if "lambda" in raw:
         raw["lam"] = raw.pop("lambda")
     return build_settings(TradeoffSettings, raw, str(path.name))
+
+
+#: what every candidate of `agt_stability_grid` adds: bound method stability (L2 balls,
+#: agt/stability.py) on the unit-ball inputs, whose norm <= 1 the map guarantees from the
+#: public pixel range alone (so input_norm_bound 1 is no choice), a clamp that never acts
+#: (clip_gamma = max(R, 1)), and boxes of k >= 1 enclosing the balls (no interval pass)
+STABILITY_SETTINGS = {"bound_method": "stability", "input_norm_bound": 1.0, "clip_gamma": 1.0,
+                      "k_boxes": "ball"}
 
 
 # ------------------------------------------------------------------------------------------
@@ -376,7 +388,11 @@ class Study:
                                           for r in releases])))
             return out
 
-        agt = choose(grid(self.s.agt_grid) if self.s.agt_grid else [{}], agt_scores,
+        candidates = grid(self.s.agt_grid) if self.s.agt_grid else []
+        if self.s.agt_stability_grid:
+            candidates += [{**cand, **STABILITY_SETTINGS}
+                           for cand in grid(self.s.agt_stability_grid)]
+        agt = choose(candidates or [{}], agt_scores,
                      "surrogate: exact expected accuracy of exp-radius (delta = 0), averaged "
                      "over the plan's total epsilons x inference budgets, mean over the "
                      "surrogate seeds")

@@ -439,6 +439,20 @@ def test_ball_boxes_hold_neighbours_nest_and_skip_the_interval_pass(batch):
             assert bool((moved.upper[n][:-1] <= fast.upper[n][1:]).all())
 
 
+def test_overflowing_radii_give_unbounded_ball_boxes(tmp_path):
+    """Steps that expand by ~1e3 each: the radii overflow to inf, the ball boxes become
+    (-inf, inf), and the bundle still round-trips and certifies k = 0 only."""
+    ds = ball_data(60, 30, 4, 3, seed=18)
+    cfg = head(4, 3, n_epochs=200, learning_rate=1e3, k_values="0..2", k_boxes="ball")
+    res = train(cfg, ds)
+    assert res.ball_radius[0] == 0.0 and np.isinf(res.ball_radius[1:]).all()
+    back = read_bundle(write_bundle(from_result(res), tmp_path / "inf.h5"))
+    assert bool(torch.isinf(back.lower["0.weight"][1:]).all())
+    assert bool((back.lower["0.weight"][0] == res.nominal["0.weight"].to(torch.float64)).all())
+    k = Certifier(back).certify(ds.x_test).max_certified_k
+    assert bool((k == 0).all())
+
+
 # -- errors and storage -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("change,needle", [

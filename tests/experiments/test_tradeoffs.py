@@ -18,7 +18,7 @@ TINY = {"epsilons": [1.0, 10.0], "budgets": [1, 10], "deltas": [1e-4],
         "loss_repeats": 1, "check_draws": 1, "tol": 1e-6, "budget": 10,
         "dpsgd": {},            # DP-SGD rows off here (Opacus runs cost seconds each)
         "agt": {"learning_rate": 50.0, "n_epochs": 2, "clip_gamma": 0.01, "k_values": "0..3"},
-        "agt_grid": {}, "agt_seeds": [0, 1],
+        "agt_grid": {}, "agt_stability_grid": {}, "agt_seeds": [0, 1],
         "figures": {"multiclass": ["eps", "budget", "delta", "n", "dim", "lambda_t"],
                     "binary": ["eps"]}}
 
@@ -152,12 +152,31 @@ def test_tuning_never_reads_the_private_data():
     skewed = np.where(rng.random(b.n_train) < 0.7, 0, rng.integers(0, 10, b.n_train))
     b = Dataset(b.name, 2.0 + 0.5 * b.x_train, skewed, 2.0 + 0.5 * b.x_test,
                 rng.permutation(b.y_test), b.n_classes, b.meta)
-    ta, tb = _tuning_of(a), _tuning_of(b)
+    more = {"agt_stability_grid": {"learning_rate": [1.9], "n_epochs": [5]}}
+    ta, tb = _tuning_of(a, **more), _tuning_of(b, **more)
     assert ta == tb
-    assert len(ta["agt"]["candidates"]) == 2 and len(ta["dpsgd"]["candidates"]) == 2
+    # two interval candidates and one stability candidate
+    assert len(ta["agt"]["candidates"]) == 3 and len(ta["dpsgd"]["candidates"]) == 2
+    assert ta["agt"]["candidates"][2]["bound_method"] == "stability"
     assert all(len(c["scores"]) == 2 for c in ta["agt"]["candidates"] + ta["dpsgd"]["candidates"])
-    assert ta["agt_params"]["learning_rate"] in (5.0, 50.0)
+    assert ta["agt_params"]["learning_rate"] in (5.0, 50.0, 1.9)
     assert ta["dpsgd_params"]["learning_rate"] in (0.5, 5.0)
+
+
+def test_stability_candidates_join_the_public_tuning():
+    """agt_stability_grid adds candidates under bound method stability (R = 1 from the unit
+    ball map, clamp off, ball boxes) that are scored on the same surrogates; when one wins,
+    the study's AGT models train under it."""
+    from experiments.tradeoffs import STABILITY_SETTINGS
+    out = _tuning_of(tiny("multiclass"), agt_grid={"learning_rate": [50.0]},
+                     agt_stability_grid={"learning_rate": [1.9], "n_epochs": [20]})
+    cands = out["agt"]["candidates"]
+    assert len(cands) == 2 and cands[0]["learning_rate"] == 50.0
+    assert {k: cands[1][k] for k in STABILITY_SETTINGS} == STABILITY_SETTINGS
+    assert all(len(c["scores"]) == 2 for c in cands)
+    only = _tuning_of(tiny("multiclass"), agt_grid={},
+                      agt_stability_grid={"learning_rate": [1.9], "n_epochs": [20]})
+    assert only["agt_params"]["bound_method"] == "stability"
 
 
 def test_settings_refuse_repeated_or_negative_seeds():
