@@ -226,10 +226,11 @@ class StabilityProblem:
         tiny = 8.0 * P * fm.absolute(1)
         return (lr * d_mean + d_update) * (1.0 + 1e-6) + tiny
 
-    def expansion(self, beta: float, lr: float) -> float:
+    def expansion(self, beta, lr: float):
         """L = max(|1 - lr l2|, |1 - lr (beta + l2)|): the Lipschitz constant of the exact
-        gradient step of an objective whose Hessian lies in [l2, beta + l2]."""
-        return max(abs(1.0 - lr * self.l2), abs(1.0 - lr * (beta + self.l2))) * _UP
+        gradient step of an objective whose Hessian lies in [l2, beta + l2] (``beta`` may be
+        a float64 array)."""
+        return np.maximum(abs(1.0 - lr * self.l2), np.abs(1.0 - lr * (beta + self.l2))) * _UP
 
     def replacement_term(self, lr: float, batch_size: int) -> float:
         """c_t = 2 G R~ lr_t / b_t: what one replaced record of the batch moves a step by."""
@@ -250,39 +251,43 @@ class StabilityProblem:
     def radii(self, k_values, steps: list[StabilityStep]) -> np.ndarray:
         """rho_k for every k of the grid (module docstring): the recursion maximised over
         the placements of the k replaced records (at most k per epoch, any number per
-        batch) by dynamic programming over "records placed so far in this epoch"."""
+        batch) by dynamic programming over "records placed so far in this epoch", all k of
+        the grid at once (row j: k_j; column m: m records placed, valid for m <= k_j)."""
         if not steps:
             raise ValueError("radii needs at least one training step")
+        out = np.zeros(len(k_values), dtype=np.float64)
+        rows = [j for j, k in enumerate(k_values) if k > 0]
+        if not rows:
+            return out
         pub = self.public_norm_bounds(steps[0].norm, steps)
         xi = [SLACK * (p + 1.0) for p in pub]
-        out = np.zeros(len(k_values), dtype=np.float64)
-        with np.errstate(over="ignore", invalid="ignore"):     # a radius may overflow to inf
-            for j, k in enumerate(k_values):
-                out[j] = self._radius(int(k), steps, xi) if k else 0.0
-        return out
-
-    def _radius(self, k: int, steps: list[StabilityStep], xi: list[float]) -> float:
-        """rho_k for one k >= 1 (`radii`)."""
         r2 = self.padded_norm ** 2
-        placed = np.arange(k + 1, dtype=np.float64)
-        # worst[m]: the largest A_t over placements that put m records in this epoch so far
-        worst = np.zeros(k + 1)
-        for t, s in enumerate(steps):
-            if t > 0 and s.epoch != steps[t - 1].epoch:
-                worst[:] = worst.max()              # a new epoch: every record may recur
-            beta_k = s.beta + k * self.h * r2 * (1.0 + SLACK) / s.batch_size \
-                + k * SLACK * self.h * r2
-            arg = s.norm * _UP + (1.0 + SLACK) * worst + k * xi[t]
-            moved = (self.expansion(beta_k, s.lr) * worst
-                     + k * 2.0 * self.step_float_error(arg, s.lr, s.batch_size)) * _UP
-            c = self.replacement_term(s.lr, s.batch_size)
-            # after[m] = max over m' <= m of moved[m'] + c (m - m'), as a running maximum;
-            # the absolute term covers the rounding of subtracting and adding c m back
-            after = np.maximum.accumulate(moved - c * placed) + c * placed
-            worst = after * _UP + 8.0 * _U64 * (moved.max() + c * k)
-            if not np.isfinite(worst).all():
-                return math.inf
-        return (1.0 + SLACK) * float(worst.max()) + k * xi[len(steps)]
+        ks = np.array([float(k_values[j]) for j in rows])[:, None]          # (K, 1)
+        placed = np.arange(int(ks.max()) + 1, dtype=np.float64)[None, :]    # (1, M)
+        valid = placed <= ks
+
+        def largest(a: np.ndarray) -> np.ndarray:                           # over m <= k
+            return np.where(valid, a, -math.inf).max(axis=1, keepdims=True)
+
+        # worst[j, m]: the largest A_t over placements of m records in this epoch so far
+        worst = np.zeros((len(rows), placed.shape[1]))
+        with np.errstate(over="ignore", invalid="ignore"):     # a radius may overflow to inf
+            for t, s in enumerate(steps):
+                if t > 0 and s.epoch != steps[t - 1].epoch:
+                    worst = np.broadcast_to(largest(worst), worst.shape).copy()  # records recur
+                beta_k = s.beta + ks * self.h * r2 * (1.0 + SLACK) / s.batch_size \
+                    + ks * SLACK * self.h * r2
+                arg = s.norm * _UP + (1.0 + SLACK) * worst + ks * xi[t]
+                moved = (self.expansion(beta_k, s.lr) * worst
+                         + ks * 2.0 * self.step_float_error(arg, s.lr, s.batch_size)) * _UP
+                c = self.replacement_term(s.lr, s.batch_size)
+                # after[m] = max over m' <= m of moved[m'] + c (m - m'), as a running maximum;
+                # the absolute term covers the rounding of subtracting and adding c m back
+                after = np.maximum.accumulate(moved - c * placed, axis=1) + c * placed
+                worst = after * _UP + 8.0 * _U64 * (largest(moved) + c * ks)
+            rho = (1.0 + SLACK) * largest(worst)[:, 0] + ks[:, 0] * xi[len(steps)]
+        out[rows] = np.where(np.isfinite(rho), rho, math.inf)
+        return out
 
 
 def ball_boxes(centre: torch.Tensor, radii: np.ndarray) -> Interval:

@@ -272,7 +272,7 @@ def test_expansion_is_needed_and_a_capped_factor_fails(tmp_path, monkeypatch):
     assert moved <= res.ball_radius[1]
     real = stability.StabilityProblem.expansion
     monkeypatch.setattr(stability.StabilityProblem, "expansion",
-                        lambda self, beta, lr: min(1.0, real(self, beta, lr)))
+                        lambda self, beta, lr: np.minimum(1.0, real(self, beta, lr)))
     assert moved > train(cfg, ds).ball_radius[1]
 
 
