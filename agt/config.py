@@ -50,10 +50,6 @@ K_BOXES = ("interval", "ball")
 #: bound methods whose radii satisfy r(D') >= r(D) - 1 with a smooth selection rule
 #: (agt/training.py, `served_k0_box`, proves it for served-k0; agt/stability.py for the balls)
 SMOOTH_BOUND_METHODS = ("served-k0", "interval", "stability")
-#: how the boxes of k >= 1 are computed: "interval" (the AGT interval pass through every
-#: step) or, with bound method stability only, "ball" (the coordinate boxes enclosing the L2
-#: balls; training then runs no interval pass and costs about a nominal run)
-K_BOXES = ("interval", "ball")
 DEFAULT_BOUND_METHOD = "served-k0"
 FULL = "full"
 MAX_SEED = 2**32

@@ -72,8 +72,10 @@ R~^2 / b_t), so L_t(D', k-1) <= L_t(D, k); N_t(D') <= N_t(D) + A_t(1; D) makes e
 argument of D' at k-1 at most that of D at k; the replaced-record terms add up exactly
 (c_t m'_t + c_t (e_i)_t); the maximum over m' on the left is then at most the maximum over
 placements of k on the right. The relative slack s and the per-unit-k slack xi absorb the
-float64 rounding of the recursion, of the norms and of beta (all below 1e-12 relative)
-and the rounding of the certifier's margin at the centre (agt/certify.py,
+float64 rounding of the recursion (1e-12 relative per step), of the norms and of beta
+(a gamma_m of float64 sums of m <= max(n, P) terms each, P the parameter count: below s/10
+while max(n, P) <= MAX_TERMS, about 9e5, which `StabilityProblem.build` checks) and the
+rounding of the certifier's margin at the centre (agt/certify.py,
 `Certifier._ball_certified`), whose test is then isotone under this inclusion. Add-remove
 is not covered (the divisor b_t and the batch slots change): stability bundles certify
 replace-one only.
@@ -97,6 +99,8 @@ HESSIAN_BOUND = {"cross_entropy": 0.5, "binary_cross_entropy": 0.25}
 #: sup of ||dL/dz||_2 over logits and labels (not attained)
 LOGIT_GRADIENT_BOUND = {"cross_entropy": math.sqrt(2.0), "binary_cross_entropy": 1.0}
 SLACK = 1e-9
+#: the longest float64 sum (records, parameters) whose rounding gamma_m stays below SLACK / 10
+MAX_TERMS = int(SLACK / 10 / 2.0**-53 * (1 - 1e-6)) - 2
 _U64 = 2.0**-53
 _UP = 1.0 + 1e-12
 
@@ -186,7 +190,16 @@ class StabilityProblem:
 
     @staticmethod
     def build(loss: str, n_logits: int, in_features: int, bias: bool, l2: float,
-              input_norm_bound: float, dtype: torch.dtype) -> "StabilityProblem":
+              input_norm_bound: float, dtype: torch.dtype,
+              n_records: int = 0) -> "StabilityProblem":
+        """The constants; ``n_records`` (the training set size) and the parameter count must
+        stay within MAX_TERMS, where the nesting slack covers the float64 roundings."""
+        n_params = n_logits * (in_features + (1 if bias else 0))
+        if max(n_records, n_params) > MAX_TERMS:
+            raise DataError(f"bound_method: stability covers at most {MAX_TERMS} training "
+                            f"records and parameters (its nesting slack {SLACK:g} must absorb "
+                            f"the float64 rounding of sums that long); got {n_records} records "
+                            f"and {n_params} parameters")
         fm = FloatModel(dtype)
         r = padded_norm_bound(input_norm_bound, bias, fm.unit_roundoff)
         return StabilityProblem(loss, n_logits, in_features, bias, float(l2), r, fm)

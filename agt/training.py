@@ -169,7 +169,7 @@ class _Trainer:
             layer = self.spec.layers[0]
             self.stability = StabilityProblem.build(
                 cfg.loss, self.spec.n_logits, int(self.x_nominal[0].numel()), layer.bias,
-                self.rule.l2, cfg.input_norm_bound, self.dtype)
+                self.rule.l2, cfg.input_norm_bound, self.dtype, n_records=self.n)
 
     def _features(self, x: torch.Tensor):
         """Inputs of the trainable part: nominal (dtype) and for the bound pass an exact

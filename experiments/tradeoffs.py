@@ -725,17 +725,17 @@ def regimes(study: Study, task: str) -> list[dict]:
 def tuning_markdown(tuning: dict, s: dict) -> str:
     """The settings chosen on the public surrogate, with every candidate's score."""
     def fmt(choice: dict) -> str:
-        keys = [k for k in choice["candidates"][0] if k != "score"] if choice["candidates"] \
-            else []
-        cands = "; ".join(", ".join(f"{k} {c[k]}" for k in keys if k != "scores")
+        # each candidate with all of its own keys (the stability ones add bound_method, ...)
+        cands = "; ".join(", ".join(f"{k} {v}" for k, v in c.items()
+                                    if k not in ("score", "scores"))
                           + f": {c['score']:.3f}" for c in choice["candidates"])
         return (f"chosen {choice['chosen'] or 'the fixed settings'} by {choice['criterion']}"
                 + (f" (candidates: {cands})" if len(choice["candidates"]) > 1 else ""))
     text = (f"Settings chosen on {tuning['surrogate']} of the digits' public shape, never "
             f"on the digits. AGT: {fmt(tuning['agt'])}. AGT rows average the training seeds "
-            f"{s['agt_seeds']}.")
+            f"{tuple(s['agt_seeds'])}.")
     if "dpsgd" in tuning:
-        text += f" DP-SGD: {fmt(tuning['dpsgd'])}; seeds {s['dpsgd_seeds']}."
+        text += f" DP-SGD: {fmt(tuning['dpsgd'])}; seeds {tuple(s['dpsgd_seeds'])}."
     return text
 
 
@@ -749,7 +749,8 @@ def summary_markdown(results: dict) -> str:
              "df-exp-zcdp) spend the total once. Accuracy: mean ± std over noise draws "
              f"({s['repeats']} draws; loss perturbation {s['loss_repeats']}); exact "
              "expectation as the mean where it exists; AGT rows also over the training "
-             f"seeds {s['agt_seeds']} and DP-SGD rows over its seeds {s['dpsgd_seeds']} "
+             f"seeds {tuple(s['agt_seeds'])} and DP-SGD rows over its seeds "
+             f"{tuple(s['dpsgd_seeds'])} "
              "(each row's std_kind in results.json says which).", ""]
     for task, block in results["tasks"].items():
         np_ = block["nonprivate"]

@@ -487,6 +487,18 @@ def test_records_outside_the_domain_are_refused():
         stability.check_domain(np.full((1, 3), 1e-163), 1e-170)
 
 
+def test_sizes_beyond_the_slack_are_refused():
+    """The nesting slack absorbs float64 sums of at most MAX_TERMS terms: more records or
+    parameters are refused with the reason, the limit itself is accepted."""
+    build = stability.StabilityProblem.build
+    build("cross_entropy", 3, 4, True, 0.0, R, torch.float64, n_records=stability.MAX_TERMS)
+    with pytest.raises(DataError, match="at most"):
+        build("cross_entropy", 3, 4, True, 0.0, R, torch.float64,
+              n_records=stability.MAX_TERMS + 1)
+    with pytest.raises(DataError, match="parameters"):
+        build("cross_entropy", 10, stability.MAX_TERMS // 10, True, 0.0, R, torch.float64)
+
+
 def test_bundle_round_trip_and_tampering(tmp_path):
     ds = ball_data(60, 30, 4, 3, seed=11)
     res = train(head(4, 3), ds)
