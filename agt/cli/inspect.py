@@ -27,7 +27,7 @@ def run(args) -> int:
     print(f"  model: {b.spec.to_json()}")
     cfg = b.config
     keys = ("loss", "optimizer", "learning_rate", "lr_decay", "lr_min", "momentum", "n_epochs",
-            "batch_size", "clip_gamma", "seed")
+            "batch_size", "clip_gamma", "seed", "input_norm_bound", "k_boxes")
     print("  config: " + ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg))
     print("  max width (upper - lower) per parameter:")
     ks = summary_ks(b.k_values, 8)
@@ -36,4 +36,7 @@ def run(args) -> int:
         widths = (b.upper[name] - b.lower[name]).reshape(len(b.k_values), -1).amax(1)
         row = "".join(f"{float(widths[b.k_values.index(k)]):<12.3e}" for k in ks)
         print(f"    {name:<14s}{row}")
+    if b.ball_radius is not None:
+        row = "".join(f"{float(b.ball_radius[b.k_values.index(k)]):<12.3e}" for k in ks)
+        print(f"    {'L2 ball rho_k':<14s}{row}")
     return 0

@@ -148,6 +148,46 @@ def test_train_writes_bundle(tmp_path, capsys):
         assert json.loads(f.attrs["model"])["input_shape"] == [6]
 
 
+def test_stability_bundle_from_a_yaml_config(tmp_path, capsys):
+    """bound_method stability with minibatches and k_boxes: ball, end to end through the
+    CLI: train writes the radii, inspect shows them and the domain, certify reads them."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 3))
+    x *= np.minimum(1.0, 0.999 / np.linalg.norm(x, axis=1, keepdims=True))
+    y = (x[:, 0] > 0).astype(np.int64)
+    data = tmp_path / "ball.npz"
+    np.savez(data, x_train=x[:100], y_train=y[:100], x_test=x[100:], y_test=y[100:])
+    cfg = write(tmp_path / "s.yaml", """\
+model: [{linear: {in: 3, out: 2}}]
+loss: cross_entropy
+data: {name: npz, path: ball.npz}
+learning_rate: 0.5
+n_epochs: 3
+batch_size: 25
+clip_gamma: 1.0
+bound_method: stability
+input_norm_bound: 1.0
+k_boxes: ball
+k_values: "0..4"
+device: cpu
+""")
+    out = tmp_path / "s.h5"
+    rc, _, err = run_cli(capsys, "train", "--config", cfg, "--out", out, "--quiet")
+    assert rc == 0, err
+    b = read_bundle(out)
+    assert b.bound_method == "stability" and b.relations == ("replace-one",)
+    assert b.ball_radius[0] == 0 and bool((np.diff(b.ball_radius) > 0).all())
+    rc, stdout, err = run_cli(capsys, "inspect", out)
+    assert rc == 0, err
+    assert "input_norm_bound=1.0, k_boxes=ball" in stdout and "L2 ball rho_k" in stdout
+    res = tmp_path / "c.json"
+    rc, _, err = run_cli(capsys, "certify", "--bounds", out, "--data", data, "--split", "test",
+                         "--out", res)
+    assert rc == 0, err
+    radii = [row["max_certified_k"] for row in json.loads(res.read_text())["queries"]]
+    assert len(radii) == 20 and min(radii) >= 0 and max(radii) >= 1
+
+
 def test_train_k_values_override_sparse(tmp_path, capsys, queries):
     cfg = write(tmp_path / "tiny.yaml", CONFIG)
     out = tmp_path / "sparse.h5"
