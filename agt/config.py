@@ -44,8 +44,9 @@ SMOOTH_SELECTIONS = ("exact",)
 #: gradient descent (full batch or minibatches) inside a declared input domain (agt/stability.py).
 BOUND_METHODS = ("served-k0", "interval", "stability")
 #: how the boxes of k >= 1 are computed: "interval" (the AGT interval pass through every
-#: step) or, with bound method stability only, "ball" (the coordinate boxes enclosing the L2
-#: balls; training then runs no interval pass and costs about a nominal run)
+#: step; the default) or, with bound method stability only, "ball" (the coordinate boxes
+#: enclosing the L2 balls; training then runs no interval pass and costs about a nominal
+#: run; the default under stability)
 K_BOXES = ("interval", "ball")
 #: bound methods whose radii satisfy r(D') >= r(D) - 1 with a smooth selection rule
 #: (agt/training.py, `served_k0_box`, proves it for served-k0; agt/stability.py for the balls)
@@ -272,7 +273,10 @@ def config_from_dict(raw: Any) -> TrainConfig:
     norm_bound = None
     if raw.get("input_norm_bound") is not None:
         norm_bound = r.number("input_norm_bound", 1.0, low=0.0, low_open=True)
-    k_boxes = r.choice("k_boxes", "interval", K_BOXES)
+    # under stability the clamp is off (gamma >= R), which leaves interval boxes of k >= 1
+    # certifying nothing the balls do not (README, issue 12): the fast boxes by default
+    k_boxes = r.choice("k_boxes", "ball" if bound_method == "stability" else "interval",
+                       K_BOXES)
     if bound_method == "stability":
         _check_stability(model, optimizer, momentum, gamma_, norm_bound, problems)
     else:
@@ -285,6 +289,8 @@ def config_from_dict(raw: Any) -> TrainConfig:
     problems.raise_if_any()
     clean = dict(raw)
     clean["k_values"] = list(k_grid)
+    if bound_method == "stability":
+        clean["k_boxes"] = k_boxes
     return TrainConfig(
         model=model, loss=loss, data=data, optimizer=optimizer, learning_rate=lr,
         lr_decay=lr_decay, lr_min=lr_min, momentum=momentum, dampening=dampening,

@@ -35,7 +35,8 @@ Tasks (fixed data, seeds and settings; no task is tuned to a method):
 
 Method "stability" (agt/stability.py) applies only to a linear head trained by gradient
 descent (full batch or minibatches) without momentum and with an inactive clamp; on the
-other tasks it is reported as not applicable. "stability-ball" is the same method with
+other tasks it is reported as not applicable. "stability" keeps the interval pass's boxes
+beside the balls (``k_boxes: interval``); "stability-ball" is the method's default
 ``k_boxes: ball`` (the boxes of k >= 1 enclose the balls; no interval pass in training).
 
 The first method is the baseline of the ratios. Digits come from scikit-learn (offline).
@@ -157,8 +158,8 @@ def domain_of(task: str) -> float:
 
 
 def with_method(cfg, method: str, norm: float = DIGITS_NORM):
-    if method == "stability":
-        return cfg.replace(bound_method=method, input_norm_bound=norm)
+    if method == "stability":               # the balls beside the interval pass's boxes
+        return cfg.replace(bound_method=method, input_norm_bound=norm, k_boxes="interval")
     if method == "stability-ball":          # the same balls, boxes from them (no interval pass)
         return cfg.replace(bound_method="stability", input_norm_bound=norm, k_boxes="ball")
     if method == BASELINE and "bound_method" not in cfg.raw:

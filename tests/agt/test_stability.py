@@ -367,12 +367,14 @@ def test_ball_certificates_hold_at_the_worst_parameters():
     assert bool(bad_weak.any())
 
 
-@pytest.mark.parametrize("batch", ["full", 20])
-def test_neighbour_nesting_and_smooth_radii(batch):
+@pytest.mark.parametrize("batch,k_boxes", [("full", "interval"), ("full", "ball"),
+                                           (20, "interval"), (20, "ball")])
+def test_neighbour_nesting_and_smooth_radii(batch, k_boxes):
     """ball(D', k-1) inside ball(D, k) for neighbours D' (centre distance plus radius), and
-    r(D') >= r(D) - 1 for every test query; full batch and minibatches."""
+    r(D') >= r(D) - 1 for every test query (box or ball certificates); full batch and
+    minibatches, interval boxes and ball boxes."""
     ds = ball_data(100, 150, 4, 3, seed=7)
-    cfg = head(4, 3, dtype="float32", k_values="0..6", batch_size=batch,
+    cfg = head(4, 3, dtype="float32", k_values="0..6", batch_size=batch, k_boxes=k_boxes,
                n_epochs=12 if batch == "full" else 3, learning_rate=0.3 if batch == "full" else 0.1)
     base = train(cfg, ds)
     r_base = Certifier(from_result(base)).certify(ds.x_test).radius
@@ -391,7 +393,7 @@ def test_certifies_where_the_interval_boxes_do_not():
     """Many gradient steps: the k >= 1 boxes certify nothing, the balls certify most queries
     at k = 1 (the regime issue 12 names)."""
     ds = ball_data(300, 200, 8, 3, seed=9)
-    cfg = head(8, 3, dtype="float32", n_epochs=30, learning_rate=0.5)
+    cfg = head(8, 3, dtype="float32", n_epochs=30, learning_rate=0.5, k_boxes="interval")
     res = train(cfg, ds)
     bundle = from_result(res)
     boxes_only = Certifier(bundle)
@@ -454,6 +456,13 @@ def test_overflowing_radii_give_unbounded_ball_boxes(tmp_path):
 
 
 # -- errors and storage -----------------------------------------------------------------------
+
+def test_ball_boxes_are_the_default_under_stability():
+    assert head(4, 3).k_boxes == "ball" and head(4, 3).raw["k_boxes"] == "ball"
+    assert head(4, 3, k_boxes="interval").k_boxes == "interval"
+    plain = config([{"linear": {"in": 4, "out": 3}}], "cross_entropy")
+    assert plain.k_boxes == "interval" and "k_boxes" not in plain.raw
+
 
 @pytest.mark.parametrize("change,needle", [
     (dict(model=[{"linear": {"in": 4, "out": 8}}, {"relu": {}}, {"linear": {"in": 8, "out": 3}}]),
