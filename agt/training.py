@@ -17,10 +17,12 @@ stored in the bundle (``/order``).
 
 Bound method (config ``bound_method``): "served-k0" (default) stores the served parameters
 themselves as the k = 0 box (`served_k0_box`: valid, nested and smooth); "interval" keeps
-the paper's interval box at k = 0 too. Boxes of k >= 1 are the same under all methods;
-"stability" (a linear head trained by gradient descent, full-batch or on minibatches,
-inside a declared input domain) adds one L2 ball per k around the served parameters (agt/stability.py), and a
-query is certified at k when its box or its ball certifies.
+the paper's interval box at k = 0 too. Boxes of k >= 1 are the interval pass's under all
+methods; "stability" (a linear head trained by gradient descent, full-batch or on
+minibatches, inside a declared input domain) adds one L2 ball per k around the served
+parameters (agt/stability.py), a query is certified at k when its box or its ball
+certifies, and with ``k_boxes: ball`` (its default) the boxes of k >= 1 are those enclosing
+the balls and no interval pass runs.
 
 Neighbouring relations certified. Batches are a function of the record index, so replacing
 up to k records keeps every batch slot: every bundle certifies ``replace-one``. When every
