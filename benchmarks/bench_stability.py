@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
-from bench_tightness import task_setup  # noqa: E402
+from bench_tightness import domain_of, task_setup, with_method  # noqa: E402
 
 from agt.certify import Certifier  # noqa: E402
 from agt.stability import StabilityProblem, StabilityStep  # noqa: E402
@@ -32,8 +32,8 @@ from agt.training import train  # noqa: E402
 
 def training(task: str, repeats: int) -> None:
     cfg, ds, ks, _ = task_setup(task)
-    cfgs = {kb: cfg.replace(bound_method="stability", input_norm_bound=8.0, k_boxes=kb)
-            for kb in ("interval", "ball")}
+    cfgs = {kb: with_method(cfg, method, domain_of(task))
+            for kb, method in (("interval", "stability"), ("ball", "stability-ball"))}
     times = {kb: [] for kb in cfgs}
     fractions = {}
     for _ in range(repeats):

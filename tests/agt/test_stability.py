@@ -141,21 +141,25 @@ def logistic_head_from(tmp_path, weight, bias, *, lr, steps, radius, **kw):
     return config([{"linear": {"in": 2, "out": 1}}], "binary_cross_entropy", **settings)
 
 
-def saturated_one_step(tmp_path, radius=10.0):
-    """One step of the logistic loss from w = 0, b = -30 (sigmoid ~ 0): a record (R e1, 1)
-    has gradient -(R e1, 1); replacing it by (-R e1, 1) moves the step by 2 R lr / n, 99.5 %
-    of the bound 2 G R~ lr / n."""
-    n = 10
+def saturated_pair(n: int, radius: float, slot: int) -> tuple[Dataset, Dataset]:
+    """n records on the e2 axis with label 0 and, at ``slot``, (R e1) with label 1; the
+    neighbour replaces it by (-R e1) with label 1. From a bias far below 0 (sigmoid ~ 0)
+    the record's gradient is -(R e1, 1), so the swap moves its step by 2 R lr / b, 99.5 %
+    of the bound 2 G R~ lr / b."""
     x = np.zeros((n, 2))
     x[:, 1] = np.linspace(-1, 1, n)
-    x[0] = [radius, 0.0]
+    x[slot] = [radius, 0.0]
     y = np.zeros(n, dtype=np.int64)
-    y[0] = 1
-    ds = Dataset("sat", x, y, x[:2], y[:2], 2)
-    cfg = logistic_head_from(tmp_path, [0.0, 0.0], -30.0, lr=1.0, steps=1, radius=radius)
+    y[slot] = 1
     x2 = x.copy()
-    x2[0] = [-radius, 0.0]
-    return cfg, ds, Dataset("sat", x2, y, x[:2], y[:2], 2)
+    x2[slot] = [-radius, 0.0]
+    return Dataset("sat", x, y, x[:2], y[:2], 2), Dataset("sat", x2, y, x[:2], y[:2], 2)
+
+
+def saturated_one_step(tmp_path, radius=10.0):
+    """One full-batch step of the logistic loss from w = 0, b = -30 on `saturated_pair`."""
+    cfg = logistic_head_from(tmp_path, [0.0, 0.0], -30.0, lr=1.0, steps=1, radius=radius)
+    return (cfg, *saturated_pair(10, radius, 0))
 
 
 def test_replacement_term_is_tight_and_weakened_version_fails(tmp_path, monkeypatch):
@@ -173,27 +177,20 @@ def test_replacement_term_is_tight_and_weakened_version_fails(tmp_path, monkeypa
 def test_minibatch_replacement_term_is_tight_and_weakened_version_fails(tmp_path, monkeypatch,
                                                                         weakened):
     """Batches of 2 out of 10 records, one epoch, L2 contraction 0.9 per step (lr beta_k
-    small enough that no step expands): the saturated record sits in the last batch, so replacing it moves the served step by 99.5 % of the
-    bound c = 2 G R~ lr / b. A radius that divides by n as full-batch training does (the
-    replaced record's weight spread over the epoch) misses it."""
+    small enough that no step expands): the saturated record sits in the last batch, so
+    replacing it moves the served step by 99.5 % of the bound c = 2 G R~ lr / b. A radius
+    that divides by n as full-batch training does (the replaced record's weight spread over
+    the epoch) misses it."""
     radius, n = 10.0, 10
     cfg = logistic_head_from(tmp_path, [0.0, 0.0], -60.0, lr=0.05, steps=1, radius=radius,
                              batch_size=2, l2_reg=2.0)
-    slot = int(late_indices(cfg, n)[0])
-    x = np.zeros((n, 2))
-    x[:, 1] = np.linspace(-1, 1, n)
-    x[slot] = [radius, 0.0]
-    y = np.zeros(n, dtype=np.int64)
-    y[slot] = 1
-    ds = Dataset("sat", x, y, x[:2], y[:2], 2)
-    x2 = x.copy()
-    x2[slot] = [-radius, 0.0]
+    ds, other = saturated_pair(n, radius, int(late_indices(cfg, n)[0]))
     if weakened:
         monkeypatch.setattr(stability.StabilityProblem, "replacement_term",
                             lambda self, lr, batch_size: lr * 2.0 * self.grad_bound
                             * self.padded_norm / n)
     res = train(cfg, ds)
-    moved = distance(train_nominal(cfg, Dataset("sat", x2, y, x[:2], y[:2], 2)), res.nominal)
+    moved = distance(train_nominal(cfg, other), res.nominal)
     assert (moved > res.ball_radius[1]) == weakened
     if not weakened:
         assert moved > 0.99 * res.ball_radius[1]
