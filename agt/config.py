@@ -108,6 +108,7 @@ class TrainConfig:
     bound_method: str = DEFAULT_BOUND_METHOD
     input_norm_bound: float | None = None
     k_boxes: str = "interval"
+    clip_norm: float | None = None          # per-record L2 clipping (stability, binary only)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------------------
@@ -277,9 +278,17 @@ def config_from_dict(raw: Any) -> TrainConfig:
     # certifying nothing the balls do not (README, issue 12): the fast boxes by default
     k_boxes = r.choice("k_boxes", "ball" if bound_method == "stability" else "interval",
                        K_BOXES)
+    clip_norm = None
+    if raw.get("clip_norm") is not None:
+        clip_norm = r.number("clip_norm", 1.0, low=0.0, low_open=True)
     if bound_method == "stability":
-        _check_stability(model, optimizer, momentum, gamma_, norm_bound, problems)
+        _check_stability(model, loss, optimizer, momentum, gamma_, norm_bound, clip_norm,
+                         k_boxes, problems)
     else:
+        if clip_norm is not None:
+            problems.add("clip_norm (per-record L2 clipping) is supported only under "
+                         "bound_method: stability, whose balls prove it; the interval pass "
+                         "bounds the elementwise clamp clip_gamma only")
         if norm_bound is not None:
             problems.add("input_norm_bound is used only by bound_method: stability; remove it "
                          "or set bound_method: stability")
@@ -297,10 +306,12 @@ def config_from_dict(raw: Any) -> TrainConfig:
         nesterov=nesterov, l2_reg=l2, n_epochs=epochs, batch_size=batch, clip_gamma=gamma_,
         seed=seed, k_values=k_grid, fragment_size=fragment, device=device, dtype=dtype,
         frozen_layers=model.frozen_layers, pretrained=pretrained, selection=selection,
-        bound_method=bound_method, input_norm_bound=norm_bound, k_boxes=k_boxes, raw=clean)
+        bound_method=bound_method, input_norm_bound=norm_bound, k_boxes=k_boxes,
+        clip_norm=clip_norm, raw=clean)
 
 
-def _check_stability(model, optimizer, momentum, gamma_, norm_bound, problems) -> None:
+def _check_stability(model, loss, optimizer, momentum, gamma_, norm_bound, clip_norm, k_boxes,
+                     problems) -> None:
     """The setting agt/stability.py proves its balls for."""
     why = "bound_method: stability"
     if model is not None and (len(model.layers) != 1 or model.layers[0].kind != "linear"
@@ -309,13 +320,30 @@ def _check_stability(model, optimizer, momentum, gamma_, norm_bound, problems) -
                      f"head on fixed features); use served-k0 for other models")
     if optimizer != "sgd" or momentum != 0.0:
         problems.add(f"{why} needs optimizer: sgd without momentum (gradient descent)")
+    if clip_norm is not None:
+        outputs = None if model is None or not model.layers else model.layers[-1].out_features
+        if loss != "binary_cross_entropy" and outputs != 2:
+            problems.add("clip_norm needs a binary model (loss: binary_cross_entropy, or "
+                         "cross_entropy on 2 logits): a clipped binary gradient is the "
+                         "gradient of a convex loss (a Huber-like logistic), a clipped "
+                         "cross-entropy gradient over more classes is not, and the balls' "
+                         "expansion bound needs one; for several classes scale the features "
+                         "instead")
+        if k_boxes != "ball":
+            problems.add("clip_norm needs k_boxes: ball (the interval pass does not model "
+                         "per-record L2 clipping)")
     if norm_bound is None:
         problems.add(f"{why} needs input_norm_bound: an L2 norm bound R that every record of "
                      f"every dataset in the relation satisfies (the declared input domain)")
         return
     bias = model is None or model.layers[0].bias
     need = max(norm_bound, 1.0 if bias else 0.0)
-    if gamma_ < need:
+    if clip_norm is not None and clip_norm < need:
+        if gamma_ < clip_norm:
+            problems.add(f"{why} with clip_norm {clip_norm:g} needs clip_gamma >= {clip_norm:g} "
+                         f"so that the clamp never acts on a clipped gradient; got clip_gamma "
+                         f"{gamma_:g}")
+    elif gamma_ < need:
         problems.add(f"{why} needs clip_gamma >= {need:g} (max(input_norm_bound, 1 for the "
                      f"bias)) so that the clamp never acts; got clip_gamma {gamma_:g}")
 

@@ -33,13 +33,28 @@ Phi_t(theta) = theta - lr_t grad F_t(theta) the exact step on D's batch,
   L_t = max(|1 - lr l2|, |1 - lr (beta + l2)|) for any beta >= h lambda_max: <= 1 when
   lr (beta + l2) <= 2.
 * Replaced records: each one in the batch contributes lr/b_t ||g(z'') x~''^T - g(z_i)
-  x~_i^T|| <= c_t = 2 G R~ lr_t / b_t, G = sqrt(2) (cross-entropy: ||softmax - e_y|| <
-  sqrt 2) or 1 (logistic), R~ = sqrt(R'^2 + 1) (R' = R (1 + 2u): the records as the
-  training dtype rounds them).
+  x~_i^T|| <= c_t = 2 M lr_t / b_t, M = G R~ (without clipping), G = sqrt(2)
+  (cross-entropy: ||softmax - e_y|| < sqrt 2) or 1 (logistic), R~ = sqrt(R'^2 + 1)
+  (R' = R (1 + 2u): the records as the training dtype rounds them).
 * Float error: `step_float_error` bounds, for any in-domain batch and any parameters of
   Frobenius norm <= N, the distance of the float step (agt/training.py's nominal rule) from
   the exact step; every operation is charged with Higham's gamma bounds and the engine's
   one transcendental assumption (agt/bounded/losses.py).
+* Per-record clipping (config ``clip_norm`` C; binary models only). The nominal rule then
+  projects each per-sample gradient v_i = g(z_i) x~_i^T onto the L2 ball of radius C before
+  the clamp (which ``clip_gamma >= min(C, max(R, 1))`` keeps inactive): Pi(v_i) =
+  g(z_i) x~_i^T min(1, C / (||g(z_i)|| ||x~_i||)). For the logistic loss that is the
+  gradient of psi_i(theta . x~_i) with psi_i' = clip(sigmoid - y, +-C / ||x~_i||),
+  nondecreasing and 1/4-Lipschitz; for cross-entropy on two logits the loss is a logistic
+  loss f(delta) of delta = z_1 - z_0 with g = f'(delta) (-1, 1), so Pi(v_i) is the gradient
+  of psi_i(delta) with psi_i' = clip(f', +-C / (sqrt 2 ||x~_i||)), whose logit Hessian
+  psi_i'' (-1, 1)(-1, 1)^T stays <= 2/4 = h. Either way the clipped loss is convex with the
+  same curvature bound, so the expansion bound, beta and the nesting argument hold
+  unchanged. Only the gradient norms shrink: M = min(G R~, C) replaces G R~ in c_t and in
+  Npub_t, and the float error adds the projection's (1-Lipschitz, so the error of v_i
+  carries over; plus its own rounding). A projected cross-entropy gradient over three or
+  more classes is not the gradient of any function of the logits (the Jacobian of the
+  projected field is not symmetric), hence the restriction.
 
 beta: lambda_max(X~^T X~ / b) <= ||X~^T X~||_{S4} / b (the Schatten-4 norm,
 (sum lambda^4)^(1/4), computed as ||A^2||_F^(1/2) with a-priori rounding bounds on the
@@ -179,6 +194,7 @@ class StabilityProblem:
     l2: float
     padded_norm: float          # R~
     fm: FloatModel
+    clip_norm: float | None = None     # C: per-record L2 clipping (binary models only)
 
     @property
     def h(self) -> float:
@@ -188,10 +204,17 @@ class StabilityProblem:
     def grad_bound(self) -> float:
         return LOGIT_GRADIENT_BOUND[self.loss]
 
+    @property
+    def record_norm(self) -> float:
+        """M >= ||exact per-record gradient||: G R~, or min(G R~, C) when the gradients are
+        clipped to L2 norm C (the projection onto the ball of radius C)."""
+        m = self.grad_bound * self.padded_norm
+        return (m if self.clip_norm is None else min(m, self.clip_norm)) * _UP
+
     @staticmethod
     def build(loss: str, n_logits: int, in_features: int, bias: bool, l2: float,
               input_norm_bound: float, dtype: torch.dtype,
-              n_records: int = 0) -> "StabilityProblem":
+              n_records: int = 0, clip_norm: float | None = None) -> "StabilityProblem":
         """The constants; ``n_records`` (the training set size) and the parameter count must
         stay within MAX_TERMS, where the nesting slack covers the float64 roundings."""
         n_params = n_logits * (in_features + (1 if bias else 0))
@@ -202,7 +225,10 @@ class StabilityProblem:
                             f"and {n_params} parameters")
         fm = FloatModel(dtype)
         r = padded_norm_bound(input_norm_bound, bias, fm.unit_roundoff)
-        return StabilityProblem(loss, n_logits, in_features, bias, float(l2), r, fm)
+        if clip_norm is not None and loss != "binary_cross_entropy" and n_logits != 2:
+            raise ValueError("clip_norm is proven for binary models only (module docstring)")
+        return StabilityProblem(loss, n_logits, in_features, bias, float(l2), r, fm,
+                                None if clip_norm is None else float(clip_norm))
 
     def batch_beta(self, x_batch: torch.Tensor) -> float:
         """beta(B) >= h lambda_max(X~_B^T X~_B / b): the curvature bound of a batch's data
@@ -219,8 +245,10 @@ class StabilityProblem:
         dL/dz: ||dg|| <= h ||dz|| + sqrt(C) tau (softmax/sigmoid are h-Lipschitz in l2; tau
         the transcendental slack); per-sample gradient g x~^T: ||dG|| <= ||dg|| R~ +
         u (G + ||dg||) R~ (one product rounding; the clamp is non-expansive towards the exact
-        value, which lies inside [-gamma, gamma]); float64 sum of b, division by b, cast:
-        (gamma64_b + u64 + u) M, M = (G + ||dg||) R~ (1 + u); update theta - lr (d + l2
+        value, which lies inside [-gamma, gamma]); with ``clip_norm`` C the projection
+        (1-Lipschitz) adds (gamma64_{2P+8} + u) min(M, C) and M becomes min(M, C) (1 + that);
+        float64 sum of b, division by b, cast: (gamma64_b + u64 + u) M,
+        M = (G + ||dg||) R~ (1 + u); update theta - lr (d + l2
         theta): u (l2 N + ||d + l2 theta||) lr + u lr ||.|| + u (N + lr ||.||)."""
         fm = self.fm
         u = fm.unit_roundoff
@@ -232,6 +260,14 @@ class StabilityProblem:
         dg = self.h * dz + math.sqrt(C) * transcendental_slack(fm, C)
         per_record = (self.grad_bound + dg) * r * (1.0 + u)
         d_rec = dg * r + u * per_record
+        if self.clip_norm is not None:
+            # the projection onto the C-ball is 1-Lipschitz; its float version is off by
+            # rel times the projected norm (the norm from <= 2P float64 terms, a sqrt, a
+            # division, a float64 product and the cast to the dtype)
+            rel = gamma(2 * P + 8, _U64) + u
+            clipped = np.minimum(per_record, self.clip_norm)
+            d_rec = d_rec + rel * clipped
+            per_record = clipped * (1.0 + rel)
         d_mean = d_rec + (gamma(int(batch_size) + 2, _U64) + _U64 + u) * per_record * (1.0 + 2 * u)
         direction = (per_record + self.l2 * norm) * (1.0 + 4 * u)
         d_update = u * (self.l2 * norm + direction) * lr + u * lr * direction \
@@ -246,17 +282,17 @@ class StabilityProblem:
         return np.maximum(abs(1.0 - lr * self.l2), np.abs(1.0 - lr * (beta + self.l2))) * _UP
 
     def replacement_term(self, lr: float, batch_size: int) -> float:
-        """c_t = 2 G R~ lr_t / b_t: what one replaced record of the batch moves a step by."""
-        return lr * 2.0 * self.grad_bound * self.padded_norm / batch_size * _UP
+        """c_t = 2 M lr_t / b_t: what one replaced record of the batch moves a step by."""
+        return lr * 2.0 * self.record_norm / batch_size * _UP
 
     # -- the whole run ----------------------------------------------------------------------
     def public_norm_bounds(self, init_norm: float, steps: list[StabilityStep]) -> list[float]:
         """Npub_t >= ||theta_t|| for the float run on any in-domain dataset (t = 0..T):
-        ||theta_{t+1}|| <= |1 - lr l2| N + lr G R~ + eps(N)."""
+        ||theta_{t+1}|| <= |1 - lr l2| N + lr M + eps(N)."""
         out = [init_norm * (1.0 + SLACK)]
         for s in steps:
             n = out[-1]
-            nxt = abs(1.0 - s.lr * self.l2) * n + s.lr * self.grad_bound * self.padded_norm \
+            nxt = abs(1.0 - s.lr * self.l2) * n + s.lr * self.record_norm \
                 + self.step_float_error(n, s.lr, s.batch_size)
             out.append(nxt * (1.0 + SLACK))
         return out

@@ -7,7 +7,9 @@ interval pass itself; afterwards the boxes of a group of k values are stacked an
 in one vectorised pass.
 
 Nominal training rule (what the bundle's nominal parameters are; anyone can re-run it):
-per-sample gradients of the loss (agt/bounded), clamped elementwise to [-gamma, gamma],
+per-sample gradients of the loss (agt/bounded), with config ``clip_norm`` C (bound method
+stability only) each scaled by min(1, C / ||its L2 norm over all parameters||) in float64
+and rounded back, then clamped elementwise to [-gamma, gamma],
 summed in float64 and divided by the batch size, rounded once to the training dtype;
 update by agt/optim.py with lr_t = max(lr / (1 + lr_decay t), lr_min); batches: epoch e
 uses the permutation ``torch.randperm(n, generator=seed * 1000003 + e)`` cut into
@@ -171,7 +173,8 @@ class _Trainer:
             layer = self.spec.layers[0]
             self.stability = StabilityProblem.build(
                 cfg.loss, self.spec.n_logits, int(self.x_nominal[0].numel()), layer.bias,
-                self.rule.l2, cfg.input_norm_bound, self.dtype, n_records=self.n)
+                self.rule.l2, cfg.input_norm_bound, self.dtype, n_records=self.n,
+                clip_norm=cfg.clip_norm)
 
     def _features(self, x: torch.Tensor):
         """Inputs of the trainable part: nominal (dtype) and for the bound pass an exact
@@ -215,9 +218,13 @@ class _Trainer:
         for f0 in range(0, len(idx), frag):
             fidx = idx[f0:f0 + frag]
             sources = self.net.grads_nominal(theta, self.x_nominal[fidx], self.y[fidx], self.cfg.loss)
+            scale = self._clip_scale(sources, len(fidx))
             for name, src in sources.items():
                 for r0, r1 in self._row_chunks(src, len(fidx), 1):
-                    g = src.fn(r0, r1).clamp(-self.gamma, self.gamma)
+                    g = src.fn(r0, r1)
+                    if scale is not None:
+                        g = (g.to(torch.float64) * scale).to(self.dtype)
+                    g = g.clamp(-self.gamma, self.gamma)
                     sums[name][r0 * src.row_size:r1 * src.row_size] += g.to(torch.float64).sum(0)
                     if stats is not None and f0 == 0:
                         gt = g.T.unsqueeze(0)
@@ -228,6 +235,19 @@ class _Trainer:
         b = len(idx)
         direction = {n: (s / b).to(self.dtype).reshape(theta[n].shape) for n, s in sums.items()}
         return direction, stats
+
+    def _clip_scale(self, sources: dict, n_samples: int) -> torch.Tensor | None:
+        """Per-record factors min(1, C / ||v_i||) (n, 1) of config ``clip_norm`` C, v_i the
+        record's per-sample gradient over all trainable parameters, its squared norm summed
+        in float64 (agt/stability.py bounds the rounding); None without clipping."""
+        if self.cfg.clip_norm is None:
+            return None
+        sq = torch.zeros(n_samples, dtype=torch.float64, device=self.device)
+        for src in sources.values():
+            for r0, r1 in self._row_chunks(src, n_samples, 1):
+                g = src.fn(r0, r1).to(torch.float64)
+                sq += (g * g).sum(1)
+        return (self.cfg.clip_norm / sq.sqrt()).clamp(max=1.0).unsqueeze(1)
 
     @staticmethod
     def _row_chunks(src, n_samples: int, n_groups: int):

@@ -31,14 +31,17 @@ Tasks (fixed data, seeds and settings; no task is tuned to a method):
                    of 200 records, k = 0..199; the ensemble radius of Thm 5.3 per query
 
     python benchmarks/bench_tightness.py [--tasks a,b]
-                                         [--methods interval,served-k0,stability,stability-ball]
+                                         [--methods interval,served-k0,stability,stability-ball,stability-clip:C]
                                          [--json FILE]
 
 Method "stability" (agt/stability.py) applies only to a linear head trained by gradient
 descent (full batch or minibatches) without momentum and with an inactive clamp; on the
 other tasks it is reported as not applicable. "stability" keeps the interval pass's boxes
 beside the balls (``k_boxes: interval``); "stability-ball" is the method's default
-``k_boxes: ball`` (the boxes of k >= 1 enclose the balls; no interval pass in training).
+``k_boxes: ball`` (the boxes of k >= 1 enclose the balls; no interval pass in training);
+"stability-clip:C" is stability-ball with every record's gradient clipped to L2 norm C
+(config ``clip_norm``: a different training rule, for binary_cross_entropy only; the rows
+for several C show the accuracy / radius trade-off, no C is picked on the test data).
 
 The first method is the baseline of the ratios. Digits come from scikit-learn (offline).
 """
@@ -163,6 +166,10 @@ def with_method(cfg, method: str, norm: float = DIGITS_NORM):
         return cfg.replace(bound_method=method, input_norm_bound=norm, k_boxes="interval")
     if method == "stability-ball":          # the same balls, boxes from them (no interval pass)
         return cfg.replace(bound_method="stability", input_norm_bound=norm, k_boxes="ball")
+    if method.startswith("stability-clip:"):    # ... with per-record L2 clipping to C
+        c = float(method.split(":", 1)[1])
+        return cfg.replace(bound_method="stability", input_norm_bound=norm, k_boxes="ball",
+                           clip_norm=c, clip_gamma=c)
     if method == BASELINE and "bound_method" not in cfg.raw:
         try:
             return cfg.replace(bound_method=method)

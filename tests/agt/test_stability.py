@@ -452,6 +452,121 @@ def test_overflowing_radii_give_unbounded_ball_boxes(tmp_path):
     assert bool((k == 0).all())
 
 
+# -- per-record L2 clipping (clip_norm) -------------------------------------------------------
+
+CLIP = 0.3
+
+
+def clipped_head(loss="binary_cross_entropy", **kw):
+    """A binary head (one logistic logit, or cross-entropy on two logits) on `ball_data`
+    (records' gradient norms 0.6-1.6 at the start, ||x~|| up to sqrt(5)) with gradients
+    clipped to L2 norm CLIP: the projection acts on every record at first and on the badly
+    fitted ones throughout. clip_gamma = CLIP < R is allowed."""
+    settings = dict(loss=loss, clip_norm=CLIP, clip_gamma=CLIP)
+    settings.update(kw)
+    return head(4, 2, **settings)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("lr", [0.5, 4.5])          # lr beta (about 0.55) below and above 2
+@pytest.mark.parametrize("batch", ["full", 16])
+@pytest.mark.parametrize("loss", ["binary_cross_entropy", "cross_entropy"])
+def test_clipped_retrained_neighbours_stay_in_the_ball(dtype, lr, batch, loss):
+    ds = ball_data(80, 20, 4, 2, seed=21)
+    if loss == "cross_entropy":
+        lr /= 2                                        # h = 1/2: the same lr beta
+    cfg = clipped_head(loss, dtype=dtype, learning_rate=lr, batch_size=batch,
+                       n_epochs=12 if batch == "full" else 3)
+    assert worst_ratio(cfg, ds, trials=6, seed=22) <= 1.0
+
+
+@pytest.mark.parametrize("weakened", [False, True])
+def test_clipped_replacement_term_is_tight_and_weakened_version_fails(tmp_path, monkeypatch,
+                                                                     weakened):
+    """`saturated_one_step` with clip_norm C: the nominal rule projects the record's gradient
+    -(R e1, 1) to norm C, so the swap moves the step by 2 C (R / R~) lr / b, 99.5 % of
+    c = 2 C lr / b (which would be 33x too small if the rule did not clip); a bound that
+    charges 0.9 C per record misses it."""
+    radius, clip = 10.0, 0.3
+    cfg = logistic_head_from(tmp_path, [0.0, 0.0], -30.0, lr=1.0, steps=1, radius=radius,
+                             clip_norm=clip, clip_gamma=clip)
+    ds, other = saturated_pair(10, radius, 0)
+    if weakened:
+        monkeypatch.setattr(stability.StabilityProblem, "record_norm",
+                            property(lambda self: 0.9 * self.clip_norm))
+    res = train(cfg, ds)
+    moved = distance(train_nominal(cfg, other), res.nominal)
+    assert (moved > res.ball_radius[1]) == weakened
+    if not weakened:
+        assert moved > 0.99 * res.ball_radius[1]
+        assert res.ball_radius[1] < 2.0 * 1.01 * clip / 10
+
+
+def clipped_step_jacobian(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor, lr: float,
+                          clip: float, n_out: int) -> torch.Tensor:
+    """d(exact clipped gradient step)/d theta at theta (float64 autograd): every per-sample
+    gradient g_i x~_i^T projected onto the L2 ball of radius ``clip``."""
+    xt = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)
+
+    def step(flat):
+        z = xt @ flat.reshape(n_out, -1).T
+        if n_out == 1:
+            g = torch.sigmoid(z) - y[:, None].to(z.dtype)
+        else:
+            g = torch.softmax(z, -1) - torch.nn.functional.one_hot(y, n_out).to(z.dtype)
+        per = g[:, :, None] * xt[:, None, :]                          # (n, out, d~)
+        norms = per.flatten(1).norm(dim=1)
+        per = per * (clip / norms).clamp(max=1.0)[:, None, None]
+        return flat - lr * per.mean(0).reshape(-1)
+
+    return torch.autograd.functional.jacobian(step, theta.reshape(-1))
+
+
+def test_clipped_binary_step_is_a_gradient_step_and_three_classes_are_not():
+    """Why clip_norm is proven for binary models only: their clipped step's Jacobian (one
+    logistic logit, or cross-entropy on two logits) is symmetric (the step is gradient
+    descent on a convex loss) with 2-norm <= L(beta, lr), at parameters where the projection
+    acts on some records and not on others; over three classes it is not symmetric."""
+    ds = ball_data(60, 1, 3, 2, seed=23)
+    x, y = torch.as_tensor(ds.x_train), torch.as_tensor(ds.y_train)
+    gen = torch.Generator().manual_seed(1)
+    for loss, n_out in (("binary_cross_entropy", 1), ("cross_entropy", 2)):
+        problem = stability.StabilityProblem.build(loss, n_out, 3, True, 0.0, R,
+                                                   torch.float64, clip_norm=CLIP)
+        for lr in (0.5, 4.5):
+            bound = problem.expansion(problem.batch_beta(x), lr)
+            for scale in (0.0, 0.5, 2.0, 6.0):
+                theta = torch.randn(4 * n_out, generator=gen, dtype=torch.float64) * scale
+                jac = clipped_step_jacobian(x, y, theta, lr, CLIP, n_out)
+                assert torch.allclose(jac, jac.T, atol=1e-12)
+                assert float(torch.linalg.matrix_norm(jac, ord=2)) <= bound
+    ds3 = ball_data(60, 1, 3, 3, seed=23)
+    jac = clipped_step_jacobian(torch.as_tensor(ds3.x_train), torch.as_tensor(ds3.y_train),
+                                torch.randn(12, generator=gen, dtype=torch.float64), 1.0, CLIP, 3)
+    assert float((jac - jac.T).abs().max()) > 1e-3
+
+
+def test_clipped_neighbour_nesting_and_smooth_radii():
+    """ball(D', k-1) inside ball(D, k) and r(D') >= r(D) - 1 with clipped gradients; the
+    clipping certifies more than the same run without it."""
+    ds = ball_data(100, 150, 4, 2, seed=24)
+    cfg = clipped_head(dtype="float32", k_values="0..8", batch_size=20, n_epochs=3,
+                       learning_rate=0.5)
+    base = train(cfg, ds)
+    r_base = Certifier(from_result(base)).certify(ds.x_test).radius
+    plain = train(cfg.replace(clip_norm=None, clip_gamma=max(R, 1.0)), ds)
+    r_plain = Certifier(from_result(plain)).certify(ds.x_test).radius
+    assert np.median(r_base) > 2 * max(np.median(r_plain), 1)
+    rng = np.random.default_rng(25)
+    for t in range(4):
+        other = train(cfg, neighbour(ds, 1, rng, ("random", "adversarial")[t % 2]))
+        gap = distance(other.nominal, base.nominal)
+        for j in range(1, len(base.k_values)):
+            assert gap + other.ball_radius[j - 1] <= base.ball_radius[j]
+        r_other = Certifier(from_result(other)).certify(ds.x_test).radius
+        assert bool((r_other >= r_base - 1).all())
+
+
 # -- errors and storage -----------------------------------------------------------------------
 
 def test_ball_boxes_are_the_default_under_stability():
@@ -459,6 +574,9 @@ def test_ball_boxes_are_the_default_under_stability():
     assert head(4, 3, k_boxes="interval").k_boxes == "interval"
     plain = config([{"linear": {"in": 4, "out": 3}}], "cross_entropy")
     assert plain.k_boxes == "interval" and "k_boxes" not in plain.raw
+
+
+BINARY = dict(model=[{"linear": {"in": 4, "out": 1}}], loss="binary_cross_entropy")
 
 
 @pytest.mark.parametrize("change,needle", [
@@ -470,6 +588,14 @@ def test_ball_boxes_are_the_default_under_stability():
     (dict(bound_method="served-k0"), "used only by bound_method: stability"),
     (dict(bound_method="served-k0", input_norm_bound=None, k_boxes="ball"),
      "k_boxes: ball needs bound_method: stability"),
+    (dict(clip_norm=0.5), "clip_norm needs a binary model"),
+    (dict(clip_norm=0.5, **BINARY, k_boxes="interval"), "clip_norm needs k_boxes: ball"),
+    (dict(clip_norm=0.5, **BINARY, clip_gamma=0.4), "clip_gamma >= 0.5"),
+    (dict(clip_norm=0.5, loss="binary_cross_entropy", clip_gamma=0.2, input_norm_bound=0.3,
+          model=[{"linear": {"in": 4, "out": 1, "bias": False}}]), r"clip_gamma >= 0.3 \(max"),
+    (dict(clip_norm=0.5, **BINARY, bound_method="served-k0", input_norm_bound=None),
+     "supported only under bound_method: stability"),
+    (dict(clip_norm=0.0, **BINARY), "clip_norm"),
 ])
 def test_config_errors(change, needle):
     base = dict(model=[{"linear": {"in": 4, "out": 3}}], loss="cross_entropy",

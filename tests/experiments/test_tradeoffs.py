@@ -132,14 +132,14 @@ def test_choose_takes_the_best_mean_score_and_the_first_of_ties():
         grid({"lr": []})
 
 
-def _tuning_of(dataset, **extra):
+def _tuning_of(dataset, task="multiclass", **extra):
     from experiments.tradeoffs import Study
     settings = load_settings(quick=True, overrides={
         **TINY, "agt_grid": {"learning_rate": [5.0, 50.0]}, "agt_seeds": [0],
         "tuning_seeds": [0, 1], "dpsgd": {"epochs": 1, "batch_size": 40,
                                           "max_grad_norm": 1.0, "accountant": "rdp"},
         "dpsgd_grid": {"learning_rate": [0.5, 5.0]}, **extra})
-    return Study(settings, dataset_by_task={"multiclass": dataset}).tuning("multiclass")
+    return Study(settings, dataset_by_task={task: dataset}).tuning(task)
 
 
 def test_tuning_never_reads_the_private_data():
@@ -177,6 +177,23 @@ def test_stability_candidates_join_the_public_tuning():
     only = _tuning_of(tiny("multiclass"), agt_grid={},
                       agt_stability_grid={"learning_rate": [1.9], "n_epochs": [20]})
     assert only["agt_params"]["bound_method"] == "stability"
+
+
+def test_clipped_stability_candidates_only_for_two_classes():
+    """clip_norm candidates (per-record clipping is proven for binary models only) join the
+    tuning of the two-class task, scored like the others, and are left out of the ten-class
+    one."""
+    grid_spec = {"learning_rate": [1.9], "n_epochs": [20], "clip_norm": [None, 0.3]}
+    multi = _tuning_of(tiny("multiclass"), agt_grid={}, agt_stability_grid=grid_spec, dpsgd={})
+    assert [c.get("clip_norm") for c in multi["agt"]["candidates"]] == [None]
+    binary = _tuning_of(tiny("binary"), "binary", agt_grid={}, agt_stability_grid=grid_spec,
+                        dpsgd={})
+    cands = binary["agt"]["candidates"]
+    assert [c.get("clip_norm") for c in cands] == [None, 0.3]
+    assert all(len(c["scores"]) == 2 for c in cands)
+    only = _tuning_of(tiny("binary"), "binary", agt_grid={}, dpsgd={},
+                      agt_stability_grid={**grid_spec, "clip_norm": [0.3]})
+    assert only["agt_params"]["clip_norm"] == 0.3
 
 
 def test_settings_refuse_repeated_or_negative_seeds():

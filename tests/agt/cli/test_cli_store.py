@@ -148,9 +148,11 @@ def test_train_writes_bundle(tmp_path, capsys):
         assert json.loads(f.attrs["model"])["input_shape"] == [6]
 
 
-def test_stability_bundle_from_a_yaml_config(tmp_path, capsys):
+@pytest.mark.parametrize("clip", [None, 0.3])
+def test_stability_bundle_from_a_yaml_config(tmp_path, capsys, clip):
     """bound_method stability with minibatches and k_boxes: ball, end to end through the
-    CLI: train writes the radii, inspect shows them and the domain, certify reads them."""
+    CLI: train writes the radii, inspect shows them and the domain, certify reads them; with
+    per-record clipping (clip_norm) too."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(120, 3))
     x *= np.minimum(1.0, 0.999 / np.linalg.norm(x, axis=1, keepdims=True))
@@ -170,7 +172,7 @@ input_norm_bound: 1.0
 k_boxes: ball
 k_values: "0..4"
 device: cpu
-""")
+""" + ("" if clip is None else f"clip_norm: {clip}\n"))
     out = tmp_path / "s.h5"
     rc, _, err = run_cli(capsys, "train", "--config", cfg, "--out", out, "--quiet")
     assert rc == 0, err
@@ -180,6 +182,7 @@ device: cpu
     rc, stdout, err = run_cli(capsys, "inspect", out)
     assert rc == 0, err
     assert "input_norm_bound=1.0, k_boxes=ball" in stdout and "L2 ball rho_k" in stdout
+    assert ("clip_norm=0.3" in stdout) == (clip is not None)
     res = tmp_path / "c.json"
     rc, _, err = run_cli(capsys, "certify", "--bounds", out, "--data", data, "--split", "test",
                          "--out", res)
