@@ -186,6 +186,16 @@ class _Reader:
             return default
         return value
 
+    def optional_number(self, key: str, *, low: float | None = None,
+                        low_open: bool = False) -> float | None:
+        """A number, or None when the key is absent or null, or when the value is invalid
+        (the problem is recorded; None keeps checks that depend on it from adding a second,
+        spurious one)."""
+        if self.raw.get(key) is None:
+            return None
+        value = self.number(key, math.nan, low=low, low_open=low_open)
+        return None if math.isnan(value) else value
+
     def integer(self, key: str, default: int, low: int, high: int) -> int:
         value = self.raw.get(key, default)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
@@ -271,25 +281,22 @@ def config_from_dict(raw: Any) -> TrainConfig:
     dtype = r.choice("dtype", "float64", DTYPES)
     selection = r.choice("selection", "exact", SELECTIONS)
     bound_method = r.choice("bound_method", DEFAULT_BOUND_METHOD, BOUND_METHODS)
-    norm_bound = None
-    if raw.get("input_norm_bound") is not None:
-        norm_bound = r.number("input_norm_bound", 1.0, low=0.0, low_open=True)
+    norm_bound = r.optional_number("input_norm_bound", low=0.0, low_open=True)
     # under stability the clamp is off (gamma >= R), which leaves interval boxes of k >= 1
     # certifying nothing the balls do not (README, issue 12): the fast boxes by default
     k_boxes = r.choice("k_boxes", "ball" if bound_method == "stability" else "interval",
                        K_BOXES)
-    clip_norm = None
-    if raw.get("clip_norm") is not None:
-        clip_norm = r.number("clip_norm", 1.0, low=0.0, low_open=True)
+    clip_norm = r.optional_number("clip_norm", low=0.0, low_open=True)
     if bound_method == "stability":
         _check_stability(model, loss, optimizer, momentum, gamma_, norm_bound, clip_norm,
-                         k_boxes, problems)
+                         k_boxes, problems, norm_given=raw.get("input_norm_bound") is not None,
+                         clip_given=raw.get("clip_norm") is not None)
     else:
-        if clip_norm is not None:
+        if raw.get("clip_norm") is not None:
             problems.add("clip_norm (per-record L2 clipping) is supported only under "
                          "bound_method: stability, whose balls prove it; the interval pass "
                          "bounds the elementwise clamp clip_gamma only")
-        if norm_bound is not None:
+        if raw.get("input_norm_bound") is not None:
             problems.add("input_norm_bound is used only by bound_method: stability; remove it "
                          "or set bound_method: stability")
         if k_boxes != "interval":
@@ -311,7 +318,7 @@ def config_from_dict(raw: Any) -> TrainConfig:
 
 
 def _check_stability(model, loss, optimizer, momentum, gamma_, norm_bound, clip_norm, k_boxes,
-                     problems) -> None:
+                     problems, norm_given: bool = False, clip_given: bool = False) -> None:
     """The setting agt/stability.py proves its balls for."""
     why = "bound_method: stability"
     if model is not None and (len(model.layers) != 1 or model.layers[0].kind != "linear"
@@ -332,9 +339,11 @@ def _check_stability(model, loss, optimizer, momentum, gamma_, norm_bound, clip_
         if k_boxes != "ball":
             problems.add("clip_norm needs k_boxes: ball (the interval pass does not model "
                          "per-record L2 clipping)")
-    if norm_bound is None:
-        problems.add(f"{why} needs input_norm_bound: an L2 norm bound R that every record of "
-                     f"every dataset in the relation satisfies (the declared input domain)")
+    if norm_bound is None or (clip_given and clip_norm is None):
+        if norm_bound is None and not norm_given:   # an invalid value has its own message
+            problems.add(f"{why} needs input_norm_bound: an L2 norm bound R that every record "
+                         f"of every dataset in the relation satisfies (the declared input "
+                         f"domain)")
         return
     bias = model is None or model.layers[0].bias
     need = max(norm_bound, 1.0 if bias else 0.0)
@@ -344,8 +353,9 @@ def _check_stability(model, loss, optimizer, momentum, gamma_, norm_bound, clip_
                          f"so that the clamp never acts on a clipped gradient; got clip_gamma "
                          f"{gamma_:g}")
     elif gamma_ < need:
-        problems.add(f"{why} needs clip_gamma >= {need:g} (max(input_norm_bound, 1 for the "
-                     f"bias)) so that the clamp never acts; got clip_gamma {gamma_:g}")
+        what = "max(input_norm_bound, 1 for the bias)" if bias else "input_norm_bound"
+        problems.add(f"{why} needs clip_gamma >= {need:g} ({what}) so that the clamp never "
+                     f"acts; got clip_gamma {gamma_:g}")
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -8,7 +8,7 @@ without momentum (L2 allowed), any batch size (agt/training.py cuts each epoch's
 data-independent permutation of the record indices into consecutive batches), and a
 *declared input domain* ``input_norm_bound`` R: every record of every dataset in the
 relation, as the training dtype holds it, has ||x||_2 <= R (the training data are checked
-exactly). ``clip_gamma >= max(R, 1)`` makes the elementwise clamp provably inactive: an
+exactly). ``clip_gamma >= max(R, 1)`` (R without a bias) makes the clamp provably inactive: an
 exact per-sample gradient entry is g_c x~_j with |g_c| < 1 and |x~_j| <= R (x~ = (x, 1)
 with a bias), so step t is exact gradient descent on the batch objective
 F_t(theta) = (1/b_t) sum_{i in B_t} l(theta; z_i) + (l2/2) ||theta||^2.
@@ -42,7 +42,8 @@ Phi_t(theta) = theta - lr_t grad F_t(theta) the exact step on D's batch,
   one transcendental assumption (agt/bounded/losses.py).
 * Per-record clipping (config ``clip_norm`` C; binary models only). The nominal rule then
   projects each per-sample gradient v_i = g(z_i) x~_i^T onto the L2 ball of radius C before
-  the clamp (which ``clip_gamma >= min(C, max(R, 1))`` keeps inactive): Pi(v_i) =
+  the clamp (which ``clip_gamma >= min(C, R*)`` keeps inactive, R* = max(R, 1) with a
+  bias, R without): Pi(v_i) =
   g(z_i) x~_i^T min(1, C / (||g(z_i)|| ||x~_i||)). For the logistic loss that is the
   gradient of psi_i(theta . x~_i) with psi_i' = clip(sigmoid - y, +-C / ||x~_i||),
   nondecreasing and 1/4-Lipschitz; for cross-entropy on two logits the loss is a logistic
@@ -136,7 +137,9 @@ def check_domain(x: np.ndarray, norm: float, what: str = "training record") -> N
     sq = np.einsum("ij,ij->i", flat, flat)
     limit = Fraction(norm) ** 2
     # the float filter is exact enough only while R^2 is a normal float far from underflow
-    near = sq > norm * norm * (1.0 - 1e-9) if norm * norm > 1e-290 else np.ones(len(flat), bool)
+    # and overflow; otherwise every record is decided exactly
+    near = (sq > norm * norm * (1.0 - 1e-9) if 1e-290 < norm * norm < 1e290
+            else np.ones(len(flat), bool))
     for i in np.nonzero(near)[0]:
         if sum(Fraction(float(v)) ** 2 for v in flat[i]) > limit:
             raise DataError(f"{what} {int(i)} has L2 norm {math.sqrt(sq[i]):.10g} > "

@@ -480,6 +480,25 @@ def test_clipped_retrained_neighbours_stay_in_the_ball(dtype, lr, batch, loss):
     assert worst_ratio(cfg, ds, trials=6, seed=22) <= 1.0
 
 
+@pytest.mark.parametrize("loss", ["binary_cross_entropy", "cross_entropy"])
+def test_clipped_flipped_label_reaches_the_radius(loss):
+    """With C = 1e-3 every record stays clipped, so each one's gradient is +-C x~ / ||x~||
+    whatever the parameters (no curvature): flipping one label reverses that record's
+    gradient and moves every step by exactly c = 2 C lr / b. The retrained neighbours (each of
+    the first 10 labels flipped) reach more than 0.9999 of rho_1 in float64 and never pass it."""
+    ds = ball_data(80, 20, 4, 2, seed=21)
+    cfg = clipped_head(loss, learning_rate=0.5 if loss == "binary_cross_entropy" else 0.25,
+                       clip_norm=1e-3, clip_gamma=1e-3, k_values=[0, 1])
+    res = train(cfg, ds)
+    ratios = []
+    for i in range(10):
+        y = ds.y_train.copy()
+        y[i] = 1 - y[i]
+        other = Dataset(ds.name, ds.x_train, y, ds.x_test, ds.y_test, ds.n_classes)
+        ratios.append(distance(train_nominal(cfg, other), res.nominal) / res.ball_radius[1])
+    assert 0.9999 < max(ratios) <= 1.0
+
+
 @pytest.mark.parametrize("weakened", [False, True])
 def test_clipped_replacement_term_is_tight_and_weakened_version_fails(tmp_path, monkeypatch,
                                                                      weakened):
@@ -592,7 +611,7 @@ BINARY = dict(model=[{"linear": {"in": 4, "out": 1}}], loss="binary_cross_entrop
     (dict(clip_norm=0.5, **BINARY, k_boxes="interval"), "clip_norm needs k_boxes: ball"),
     (dict(clip_norm=0.5, **BINARY, clip_gamma=0.4), "clip_gamma >= 0.5"),
     (dict(clip_norm=0.5, loss="binary_cross_entropy", clip_gamma=0.2, input_norm_bound=0.3,
-          model=[{"linear": {"in": 4, "out": 1, "bias": False}}]), r"clip_gamma >= 0.3 \(max"),
+          model=[{"linear": {"in": 4, "out": 1, "bias": False}}]), r"clip_gamma >= 0.3 \(input_norm_bound\)"),
     (dict(clip_norm=0.5, **BINARY, bound_method="served-k0", input_norm_bound=None),
      "supported only under bound_method: stability"),
     (dict(clip_norm=0.0, **BINARY), "clip_norm"),
@@ -606,6 +625,18 @@ def test_config_errors(change, needle):
         config(**base)
 
 
+def test_an_invalid_optional_number_is_reported_once():
+    """A malformed clip_norm or input_norm_bound gets its own message and no second one
+    from the checks that would have used it."""
+    base = dict(model=[{"linear": {"in": 4, "out": 1}}], loss="binary_cross_entropy",
+                bound_method="stability", input_norm_bound=R, clip_gamma=0.3)
+    for change, needle in ((dict(clip_norm="abc"), "clip_norm must be a finite number"),
+                           (dict(input_norm_bound=-1.0), "input_norm_bound must be > 0")):
+        with pytest.raises(ConfigError) as err:
+            config(**{**base, **change})
+        assert str(err.value).count(";") == 0 and needle in str(err.value)
+
+
 def test_records_outside_the_domain_are_refused():
     ds = ball_data(50, 10, 4, 3, seed=10, radius=R * 1.5)
     with pytest.raises(DataError, match="input_norm_bound"):
@@ -617,6 +648,8 @@ def test_records_outside_the_domain_are_refused():
         stability.check_domain(x, 8.0)
     with pytest.raises(DataError, match="record 0 "):               # squares underflow
         stability.check_domain(np.full((1, 3), 1e-163), 1e-170)
+    with pytest.raises(DataError, match="record 1 "):               # squares overflow
+        stability.check_domain(np.array([[1e159, 0.0], [1e161, 0.0]]), 1e160)
 
 
 def test_sizes_beyond_the_slack_are_refused():
