@@ -108,7 +108,7 @@ class TrainConfig:
     bound_method: str = DEFAULT_BOUND_METHOD
     input_norm_bound: float | None = None
     k_boxes: str = "interval"
-    clip_norm: float | None = None          # per-record L2 clipping (stability, binary only)
+    clip_norm: float | None = None          # per-record gradient norm bound (stability only)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------------------
@@ -288,12 +288,12 @@ def config_from_dict(raw: Any) -> TrainConfig:
                        K_BOXES)
     clip_norm = r.optional_number("clip_norm", low=0.0, low_open=True)
     if bound_method == "stability":
-        _check_stability(model, loss, optimizer, momentum, gamma_, norm_bound, clip_norm,
+        _check_stability(model, optimizer, momentum, gamma_, norm_bound, clip_norm,
                          k_boxes, problems, norm_given=raw.get("input_norm_bound") is not None,
                          clip_given=raw.get("clip_norm") is not None)
     else:
         if raw.get("clip_norm") is not None:
-            problems.add("clip_norm (per-record L2 clipping) is supported only under "
+            problems.add("clip_norm (per-record gradient clipping) is supported only under "
                          "bound_method: stability, whose balls prove it; the interval pass "
                          "bounds the elementwise clamp clip_gamma only")
         if raw.get("input_norm_bound") is not None:
@@ -317,7 +317,7 @@ def config_from_dict(raw: Any) -> TrainConfig:
         clip_norm=clip_norm, raw=clean)
 
 
-def _check_stability(model, loss, optimizer, momentum, gamma_, norm_bound, clip_norm, k_boxes,
+def _check_stability(model, optimizer, momentum, gamma_, norm_bound, clip_norm, k_boxes,
                      problems, norm_given: bool = False, clip_given: bool = False) -> None:
     """The setting agt/stability.py proves its balls for."""
     why = "bound_method: stability"
@@ -328,17 +328,9 @@ def _check_stability(model, loss, optimizer, momentum, gamma_, norm_bound, clip_
     if optimizer != "sgd" or momentum != 0.0:
         problems.add(f"{why} needs optimizer: sgd without momentum (gradient descent)")
     if clip_norm is not None:
-        outputs = None if model is None or not model.layers else model.layers[-1].out_features
-        if loss != "binary_cross_entropy" and outputs != 2:
-            problems.add("clip_norm needs a binary model (loss: binary_cross_entropy, or "
-                         "cross_entropy on 2 logits): a clipped binary gradient is the "
-                         "gradient of a convex loss (a Huber-like logistic), a clipped "
-                         "cross-entropy gradient over more classes is not, and the balls' "
-                         "expansion bound needs one; for several classes scale the features "
-                         "instead")
         if k_boxes != "ball":
             problems.add("clip_norm needs k_boxes: ball (the interval pass does not model "
-                         "per-record L2 clipping)")
+                         "per-record gradient clipping)")
     if norm_bound is None or (clip_given and clip_norm is None):
         if norm_bound is None and not norm_given:   # an invalid value has its own message
             problems.add(f"{why} needs input_norm_bound: an L2 norm bound R that every record "

@@ -40,22 +40,36 @@ Phi_t(theta) = theta - lr_t grad F_t(theta) the exact step on D's batch,
   Frobenius norm <= N, the distance of the float step (agt/training.py's nominal rule) from
   the exact step; every operation is charged with Higham's gamma bounds and the engine's
   one transcendental assumption (agt/bounded/losses.py).
-* Per-record clipping (config ``clip_norm`` C; binary models only). The nominal rule then
-  projects each per-sample gradient v_i = g(z_i) x~_i^T onto the L2 ball of radius C before
-  the clamp (which ``clip_gamma >= min(C, R*)`` keeps inactive, R* = max(R, 1) with a
-  bias, R without): Pi(v_i) =
-  g(z_i) x~_i^T min(1, C / (||g(z_i)|| ||x~_i||)). For the logistic loss that is the
-  gradient of psi_i(theta . x~_i) with psi_i' = clip(sigmoid - y, +-C / ||x~_i||),
-  nondecreasing and 1/4-Lipschitz; for cross-entropy on two logits the loss is a logistic
-  loss f(delta) of delta = z_1 - z_0 with g = f'(delta) (-1, 1), so Pi(v_i) is the gradient
-  of psi_i(delta) with psi_i' = clip(f', +-C / (sqrt 2 ||x~_i||)), whose logit Hessian
-  psi_i'' (-1, 1)(-1, 1)^T stays <= 2/4 = h. Either way the clipped loss is convex with the
-  same curvature bound, so the expansion bound, beta and the nesting argument hold
-  unchanged. Only the gradient norms shrink: M = min(G R~, C) replaces G R~ in c_t and in
-  Npub_t, and the float error adds the projection's (1-Lipschitz, so the error of v_i
-  carries over; plus its own rounding). A projected cross-entropy gradient over three or
-  more classes is not the gradient of any function of the logits (the Jacobian of the
-  projected field is not symmetric), hence the restriction.
+* Per-record clipping (config ``clip_norm`` C). The nominal rule then trains on a clipped
+  loss psi_a(z) per record, a = min(1, C / (G ||x~||)) (`clip_floors`), whose logit
+  gradient is
+    logistic:       clip(sigmoid(z) - y, -a, a);
+    cross-entropy:  softmax(z) - e_y while softmax_y(z) >= 1 - a, else the true class's
+                    probability held at 1 - a and the rest a softmax_{-y}(z) (softmax over
+                    the other logits): (a softmax_{-y}(z), -a at y).
+  Every entry of such a per-sample gradient is at most its norm (<= C, below) and at most
+  R* = max(R, 1) with a bias (R without), so ``clip_gamma >= min(C, R*)`` keeps the clamp
+  inactive. Both are gradients of convex functions with the curvature bound h of the
+  unclipped loss.
+  Cross-entropy: psi_a = (f* + indicator{p_y >= 1 - a})* with f* the negative entropy on
+  e_y-shifted probability vectors; its gradient is the maximiser over that set of
+  <p, z> + H(p), the two cases above, and f* is 2-strongly convex in L2 on the simplex
+  (v^T diag(1/p) v >= ||v||_1^2 >= 2 ||v||_2^2 for sum v = 0), so psi_a is 1/2-smooth.
+  Logistic: psi_a' = clip(sigmoid - y) is nondecreasing and 1/4-Lipschitz. A convex
+  function with an h-Lipschitz logit gradient makes the batch data term convex and
+  h lambda_max(X~^T X~ / b)-smooth (sum the quadratic upper bounds), which is all the
+  expansion bound (co-coercivity) and the nesting argument use. Its gradient norm is
+  ||g|| ||x~|| <= G a ||x~|| <= C (||g||^2 <= (1 - p'_y)^2 + (sum_{j != y} p'_j)^2 <= 2 a^2
+  for cross-entropy), so M = min(G R~, C) replaces G R~ in c_t and in Npub_t. For two
+  logits and for the logistic loss the rule is exactly DP-SGD's projection of the record's
+  gradient onto the C-ball; for more classes it clips harder (||g|| <= sqrt 2 (1 - p_y)),
+  and the projection itself would not do: the projected cross-entropy field's Jacobian is
+  not symmetric, so it is no gradient step. Float error: the exact clipped gradient at the
+  float logits is h-Lipschitz, so dz carries over as before; at those logits each entry of
+  the float result (softmax outputs within tau, a within eps_a = gamma64(d~ + 10), one
+  rounding to the dtype) is within 2 tau + 2 eps_a + 2 u of the exact one whichever branch
+  each side takes (near the switch both branches nearly agree: p_j = (1 - p_y) q_j), and
+  the float gradient's norm is <= (min(G R~, C) + ||dg|| R~)(1 + u).
 
 beta: lambda_max(X~^T X~ / b) <= ||X~^T X~||_{S4} / b (the Schatten-4 norm,
 (sum lambda^4)^(1/4), computed as ||A^2||_F^(1/2) with a-priori rounding bounds on the
@@ -197,7 +211,7 @@ class StabilityProblem:
     l2: float
     padded_norm: float          # R~
     fm: FloatModel
-    clip_norm: float | None = None     # C: per-record L2 clipping (binary models only)
+    clip_norm: float | None = None     # C: per-record clipped losses, gradient norm <= C
 
     @property
     def h(self) -> float:
@@ -228,10 +242,17 @@ class StabilityProblem:
                             f"and {n_params} parameters")
         fm = FloatModel(dtype)
         r = padded_norm_bound(input_norm_bound, bias, fm.unit_roundoff)
-        if clip_norm is not None and loss != "binary_cross_entropy" and n_logits != 2:
-            raise ValueError("clip_norm is proven for binary models only (module docstring)")
         return StabilityProblem(loss, n_logits, in_features, bias, float(l2), r, fm,
                                 None if clip_norm is None else float(clip_norm))
+
+    def clip_floors(self, x: torch.Tensor) -> torch.Tensor:
+        """a_i = min(1, C / (G ||x~_i||)) (n,) float64 for the records ``x`` (n, ...) as the
+        training dtype holds them: the clipped loss psi_{a_i} keeps each record's gradient
+        norm ||g|| ||x~_i|| <= G a_i ||x~_i|| <= C (module docstring). Relative rounding
+        below gamma64(d~ + 8), which `step_float_error` charges."""
+        flat = x.to(torch.float64).reshape(x.shape[0], -1)
+        sq = (flat * flat).sum(1) + (1.0 if self.bias else 0.0)
+        return (self.clip_norm / (self.grad_bound * sq.sqrt())).clamp(max=1.0)
 
     def batch_beta(self, x_batch: torch.Tensor) -> float:
         """beta(B) >= h lambda_max(X~_B^T X~_B / b): the curvature bound of a batch's data
@@ -248,10 +269,10 @@ class StabilityProblem:
         dL/dz: ||dg|| <= h ||dz|| + sqrt(C) tau (softmax/sigmoid are h-Lipschitz in l2; tau
         the transcendental slack); per-sample gradient g x~^T: ||dG|| <= ||dg|| R~ +
         u (G + ||dg||) R~ (one product rounding; the clamp is non-expansive towards the exact
-        value, which lies inside [-gamma, gamma]); with ``clip_norm`` C the projection
-        (1-Lipschitz) adds (gamma64_{2P+8} + u) min(M, C) and M becomes min(M, C) (1 + that);
-        float64 sum of b, division by b, cast: (gamma64_b + u64 + u) M,
-        M = (G + ||dg||) R~ (1 + u); update theta - lr (d + l2
+        value, which lies inside [-gamma, gamma]); float64 sum of b, division by b, cast:
+        (gamma64_b + u64 + u) M, M = (G + ||dg||) R~ (1 + u); with ``clip_norm`` C the
+        clipped gradient's ||dg|| <= h ||dz|| + sqrt(C) (2 tau + 2 eps_a + 2 u) and
+        M = (min(G R~, C) + ||dg|| R~)(1 + u) (module docstring); update theta - lr (d + l2
         theta): u (l2 N + ||d + l2 theta||) lr + u lr ||.|| + u (N + lr ||.||)."""
         fm = self.fm
         u = fm.unit_roundoff
@@ -260,17 +281,17 @@ class StabilityProblem:
         P = C * d_terms
         r = self.padded_norm
         dz = fm.coeff(d_terms) * norm * r + math.sqrt(C) * fm.absolute(d_terms)
-        dg = self.h * dz + math.sqrt(C) * transcendental_slack(fm, C)
-        per_record = (self.grad_bound + dg) * r * (1.0 + u)
+        tau = transcendental_slack(fm, C)
+        if self.clip_norm is None:
+            dg = self.h * dz + math.sqrt(C) * tau
+            per_record = (self.grad_bound + dg) * r * (1.0 + u)
+        else:
+            # the clipped gradient is h-Lipschitz in z; at the float logits each entry is off
+            # by <= 2 tau + 2 eps_a + 2 u in every branch case (module docstring)
+            eps_a = gamma(d_terms + 10, _U64)
+            dg = self.h * dz + math.sqrt(C) * (2.0 * tau + 2.0 * eps_a + 2.0 * u)
+            per_record = (min(self.grad_bound * r, self.clip_norm) + dg * r) * (1.0 + u)
         d_rec = dg * r + u * per_record
-        if self.clip_norm is not None:
-            # the projection onto the C-ball is 1-Lipschitz; its float version is off by
-            # rel times the projected norm (the norm from <= 2P float64 terms, a sqrt, a
-            # division, a float64 product and the cast to the dtype)
-            rel = gamma(2 * P + 8, _U64) + u
-            clipped = np.minimum(per_record, self.clip_norm)
-            d_rec = d_rec + rel * clipped
-            per_record = clipped * (1.0 + rel)
         d_mean = d_rec + (gamma(int(batch_size) + 2, _U64) + _U64 + u) * per_record * (1.0 + 2 * u)
         direction = (per_record + self.l2 * norm) * (1.0 + 4 * u)
         d_update = u * (self.l2 * norm + direction) * lr + u * lr * direction \

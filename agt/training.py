@@ -7,9 +7,9 @@ interval pass itself; afterwards the boxes of a group of k values are stacked an
 in one vectorised pass.
 
 Nominal training rule (what the bundle's nominal parameters are; anyone can re-run it):
-per-sample gradients of the loss (agt/bounded), with config ``clip_norm`` C (bound method
-stability only) each scaled by min(1, C / ||its L2 norm over all parameters||) in float64
-and rounded back, then clamped elementwise to [-gamma, gamma],
+per-sample gradients of the loss (agt/bounded; with config ``clip_norm`` C, bound method
+stability only, of each record's clipped loss, whose gradient has L2 norm <= C:
+agt/stability.py), clamped elementwise to [-gamma, gamma],
 summed in float64 and divided by the batch size, rounded once to the training dtype;
 update by agt/optim.py with lr_t = max(lr / (1 + lr_decay t), lr_min); batches: epoch e
 uses the permutation ``torch.randperm(n, generator=seed * 1000003 + e)`` cut into
@@ -168,6 +168,7 @@ class _Trainer:
         x = torch.as_tensor(ds.x_train, dtype=self.dtype, device=device)
         self.y = torch.as_tensor(ds.y_train, dtype=torch.int64, device=device)
         self.x_nominal, self.x_bounds = self._features(x)
+        self.clip_floor = None
         if cfg.bound_method == "stability":
             check_domain(self.x_bounds.cpu().numpy(), cfg.input_norm_bound)
             layer = self.spec.layers[0]
@@ -175,6 +176,8 @@ class _Trainer:
                 cfg.loss, self.spec.n_logits, int(self.x_nominal[0].numel()), layer.bias,
                 self.rule.l2, cfg.input_norm_bound, self.dtype, n_records=self.n,
                 clip_norm=cfg.clip_norm)
+            if cfg.clip_norm is not None:
+                self.clip_floor = self.stability.clip_floors(self.x_nominal)
 
     def _features(self, x: torch.Tensor):
         """Inputs of the trainable part: nominal (dtype) and for the bound pass an exact
@@ -217,14 +220,12 @@ class _Trainer:
                                         self.dtype) for n in self.trainable} if k_max else None)
         for f0 in range(0, len(idx), frag):
             fidx = idx[f0:f0 + frag]
-            sources = self.net.grads_nominal(theta, self.x_nominal[fidx], self.y[fidx], self.cfg.loss)
-            scale = self._clip_scale(sources, len(fidx))
+            floor = None if self.clip_floor is None else self.clip_floor[fidx]
+            sources = self.net.grads_nominal(theta, self.x_nominal[fidx], self.y[fidx],
+                                             self.cfg.loss, clip_floor=floor)
             for name, src in sources.items():
                 for r0, r1 in self._row_chunks(src, len(fidx), 1):
-                    g = src.fn(r0, r1)
-                    if scale is not None:
-                        g = (g.to(torch.float64) * scale).to(self.dtype)
-                    g = g.clamp(-self.gamma, self.gamma)
+                    g = src.fn(r0, r1).clamp(-self.gamma, self.gamma)
                     sums[name][r0 * src.row_size:r1 * src.row_size] += g.to(torch.float64).sum(0)
                     if stats is not None and f0 == 0:
                         gt = g.T.unsqueeze(0)
@@ -235,19 +236,6 @@ class _Trainer:
         b = len(idx)
         direction = {n: (s / b).to(self.dtype).reshape(theta[n].shape) for n, s in sums.items()}
         return direction, stats
-
-    def _clip_scale(self, sources: dict, n_samples: int) -> torch.Tensor | None:
-        """Per-record factors min(1, C / ||v_i||) (n, 1) of config ``clip_norm`` C, v_i the
-        record's per-sample gradient over all trainable parameters, its squared norm summed
-        in float64 (agt/stability.py bounds the rounding); None without clipping."""
-        if self.cfg.clip_norm is None:
-            return None
-        sq = torch.zeros(n_samples, dtype=torch.float64, device=self.device)
-        for src in sources.values():
-            for r0, r1 in self._row_chunks(src, n_samples, 1):
-                g = src.fn(r0, r1).to(torch.float64)
-                sq += (g * g).sum(1)
-        return (self.cfg.clip_norm / sq.sqrt()).clamp(max=1.0).unsqueeze(1)
 
     @staticmethod
     def _row_chunks(src, n_samples: int, n_groups: int):

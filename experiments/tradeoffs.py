@@ -25,9 +25,9 @@ rows are the mean over those seeds, their spread counts seeds and noise draws. F
 bundles certify replace-one, and their radii are smooth (exact selection).
 
 Hyperparameters. lambda, T and the grids are fixed in the plan a priori. The AGT settings
-(learning rate, epochs, clipping: `agt_grid`; and learning rate, epochs and, on two
-classes, the per-record L2 clipping norm `clip_norm` (null: none) of plain gradient descent
-under bound method stability: `agt_stability_grid`, see STABILITY_SETTINGS) and
+(learning rate, epochs, clipping: `agt_grid`; and learning rate, epochs and the
+per-record gradient norm bound `clip_norm` (null: none) of plain gradient descent under
+bound method stability: `agt_stability_grid`, see STABILITY_SETTINGS) and
 DP-SGD's learning rate (`dpsgd_grid`) are chosen per task on a public synthetic surrogate of
 the digits' shape, never on the digits (experiments/public_tuning.py); results.json lists
 every candidate's surrogate score.
@@ -391,12 +391,10 @@ class Study:
 
         candidates = grid(self.s.agt_grid) if self.s.agt_grid else []
         if self.s.agt_stability_grid:
-            # per-record clipping (clip_norm) is proven for two classes only (agt/stability.py);
             # a null grid value means the engine's default (the key is left out)
             candidates += [{**{k: v for k, v in cand.items() if v is not None},
                             **STABILITY_SETTINGS}
-                           for cand in grid(self.s.agt_stability_grid)
-                           if c == 2 or cand.get("clip_norm") is None]
+                           for cand in grid(self.s.agt_stability_grid)]
         agt = choose(candidates or [{}], agt_scores,
                      "surrogate: exact expected accuracy of exp-radius (delta = 0), averaged "
                      "over the plan's total epsilons x inference budgets, mean over the "

@@ -50,6 +50,26 @@ def loss_grad_nominal(loss: str, z: torch.Tensor, y: torch.Tensor) -> torch.Tens
     return torch.softmax(z, dim=-1) - onehot
 
 
+def clipped_loss_grad_nominal(loss: str, z: torch.Tensor, y: torch.Tensor,
+                              floor: torch.Tensor) -> torch.Tensor:
+    """Nominal per-sample gradient of the clipped loss psi_a (agt/stability.py, config
+    ``clip_norm``) in the logits' dtype; ``floor`` (b,) float64 holds each record's a in
+    (0, 1]. binary_cross_entropy: clip(sigmoid(z) - y, -a, a). cross_entropy: softmax(z) -
+    onehot(y) while softmax_y(z) >= 1 - a; otherwise the true class's probability is held at
+    1 - a and the other classes share a by softmax over their own logits:
+    (a softmax_{-y}(z), -a at y). Formed in float64 from the dtype softmax outputs, rounded
+    once to the dtype."""
+    delta = loss_grad_nominal(loss, z, y).to(torch.float64)
+    a = floor.to(torch.float64)[:, None]
+    if loss == "binary_cross_entropy":
+        return torch.minimum(torch.maximum(delta, -a), a).to(z.dtype)
+    rows = y[:, None]
+    p_true = torch.softmax(z, dim=-1).gather(1, rows).to(torch.float64)
+    others = torch.softmax(z.scatter(1, rows, -torch.inf), dim=-1).to(torch.float64)
+    held = (a * others).scatter(1, rows, -a)
+    return torch.where(p_true < 1.0 - a, held, delta).to(z.dtype)
+
+
 def loss_grad_bounds(loss: str, z: Interval, y: torch.Tensor, fm: FloatModel) -> Interval:
     """Interval dL/dz for logit boxes z (G, b, C) and labels y (b,)."""
     n_classes = z.shape[-1]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from agt.bounded.layers import GradSource, rule_for
-from agt.bounded.losses import loss_grad_bounds, loss_grad_nominal
+from agt.bounded.losses import clipped_loss_grad_nominal, loss_grad_bounds, loss_grad_nominal
 from agt.interval import FloatModel, Interval
 from agt.models import LayerSpec, ModelSpec
 
@@ -53,10 +53,12 @@ class Network:
             caches.append(cache)
         return x, caches
 
-    def grads_nominal(self, params, x, y, loss) -> dict[str, GradSource]:
-        """Per-sample gradient sources of every parameter, nominal dtype."""
+    def grads_nominal(self, params, x, y, loss, clip_floor=None) -> dict[str, GradSource]:
+        """Per-sample gradient sources of every parameter, nominal dtype; with
+        ``clip_floor`` (b,) those of the clipped loss (`clipped_loss_grad_nominal`)."""
         z, caches = self.forward_nominal(params, x)
-        delta = loss_grad_nominal(loss, z, y)
+        delta = (loss_grad_nominal(loss, z, y) if clip_floor is None
+                 else clipped_loss_grad_nominal(loss, z, y, clip_floor))
         return self._backward(params, caches, delta, nominal=True, fm=None)
 
     # -- bounds ------------------------------------------------------------------------

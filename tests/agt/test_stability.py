@@ -457,25 +457,26 @@ def test_overflowing_radii_give_unbounded_ball_boxes(tmp_path):
 CLIP = 0.3
 
 
-def clipped_head(loss="binary_cross_entropy", **kw):
-    """A binary head (one logistic logit, or cross-entropy on two logits) on `ball_data`
-    (records' gradient norms 0.6-1.6 at the start, ||x~|| up to sqrt(5)) with gradients
-    clipped to L2 norm CLIP: the projection acts on every record at first and on the badly
-    fitted ones throughout. clip_gamma = CLIP < R is allowed."""
+def clipped_head(loss="binary_cross_entropy", classes=2, **kw):
+    """A head (one logistic logit, or cross-entropy on ``classes`` logits) on `ball_data`
+    (records' gradient norms 0.6-1.6 at the start, ||x~|| up to sqrt(5)) with gradient norms
+    clipped to CLIP: the clipping acts on every record at first and on the badly fitted ones
+    throughout. clip_gamma = CLIP < R is allowed."""
     settings = dict(loss=loss, clip_norm=CLIP, clip_gamma=CLIP)
     settings.update(kw)
-    return head(4, 2, **settings)
+    return head(4, classes, **settings)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("lr", [0.5, 4.5])          # lr beta (about 0.55) below and above 2
 @pytest.mark.parametrize("batch", ["full", 16])
-@pytest.mark.parametrize("loss", ["binary_cross_entropy", "cross_entropy"])
-def test_clipped_retrained_neighbours_stay_in_the_ball(dtype, lr, batch, loss):
-    ds = ball_data(80, 20, 4, 2, seed=21)
+@pytest.mark.parametrize("loss,classes", [("binary_cross_entropy", 2), ("cross_entropy", 2),
+                                          ("cross_entropy", 4)])
+def test_clipped_retrained_neighbours_stay_in_the_ball(dtype, lr, batch, loss, classes):
+    ds = ball_data(80, 20, 4, classes, seed=21)
     if loss == "cross_entropy":
         lr /= 2                                        # h = 1/2: the same lr beta
-    cfg = clipped_head(loss, dtype=dtype, learning_rate=lr, batch_size=batch,
+    cfg = clipped_head(loss, classes, dtype=dtype, learning_rate=lr, batch_size=batch,
                        n_epochs=12 if batch == "full" else 3)
     assert worst_ratio(cfg, ds, trials=6, seed=22) <= 1.0
 
@@ -521,35 +522,53 @@ def test_clipped_replacement_term_is_tight_and_weakened_version_fails(tmp_path, 
         assert res.ball_radius[1] < 2.0 * 1.01 * clip / 10
 
 
+def clipped_logit_gradient(z: torch.Tensor, y: torch.Tensor, floor: torch.Tensor,
+                           n_out: int) -> torch.Tensor:
+    """The exact clipped loss's logit gradient (agt/stability.py), written independently of
+    agt/bounded/losses.py: logistic clip(sigmoid - y, +-a); cross-entropy with the true
+    class's probability held at 1 - a when it is below."""
+    a = floor[:, None]
+    if n_out == 1:
+        return torch.minimum(torch.maximum(torch.sigmoid(z) - y[:, None].to(z.dtype), -a), a)
+    onehot = torch.nn.functional.one_hot(y, n_out).to(z.dtype)
+    p = torch.softmax(z, -1)
+    p_true = (p * onehot).sum(1, keepdim=True)
+    others = torch.softmax(z - 1e300 * onehot, -1)
+    held = a * others * (1 - onehot) + (1 - a) * onehot
+    return torch.where(p_true < 1 - a, held, p) - onehot
+
+
 def clipped_step_jacobian(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor, lr: float,
-                          clip: float, n_out: int) -> torch.Tensor:
-    """d(exact clipped gradient step)/d theta at theta (float64 autograd): every per-sample
-    gradient g_i x~_i^T projected onto the L2 ball of radius ``clip``."""
+                          clip: float, n_out: int, projected: bool = False) -> torch.Tensor:
+    """d(exact clipped gradient step)/d theta at theta (float64 autograd); ``projected``:
+    DP-SGD's projection of each per-sample gradient onto the C-ball instead."""
     xt = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)
+    grad_bound = 1.0 if n_out == 1 else math.sqrt(2.0)
+    floor = (clip / (grad_bound * xt.norm(dim=1))).clamp(max=1.0)
 
     def step(flat):
         z = xt @ flat.reshape(n_out, -1).T
-        if n_out == 1:
-            g = torch.sigmoid(z) - y[:, None].to(z.dtype)
-        else:
+        if projected:
             g = torch.softmax(z, -1) - torch.nn.functional.one_hot(y, n_out).to(z.dtype)
-        per = g[:, :, None] * xt[:, None, :]                          # (n, out, d~)
-        norms = per.flatten(1).norm(dim=1)
-        per = per * (clip / norms).clamp(max=1.0)[:, None, None]
-        return flat - lr * per.mean(0).reshape(-1)
+            scale = (clip / (g.norm(dim=1) * xt.norm(dim=1))).clamp(max=1.0)
+            g = g * scale[:, None]
+        else:
+            g = clipped_logit_gradient(z, y, floor, n_out)
+        return flat - lr * (g.T @ xt / x.shape[0]).reshape(-1)
 
     return torch.autograd.functional.jacobian(step, theta.reshape(-1))
 
 
-def test_clipped_binary_step_is_a_gradient_step_and_three_classes_are_not():
-    """Why clip_norm is proven for binary models only: their clipped step's Jacobian (one
-    logistic logit, or cross-entropy on two logits) is symmetric (the step is gradient
-    descent on a convex loss) with 2-norm <= L(beta, lr), at parameters where the projection
-    acts on some records and not on others; over three classes it is not symmetric."""
-    ds = ball_data(60, 1, 3, 2, seed=23)
-    x, y = torch.as_tensor(ds.x_train), torch.as_tensor(ds.y_train)
+def test_clipped_step_is_a_gradient_step_and_the_projection_is_not():
+    """The clipped losses give symmetric step Jacobians (gradient descent on a convex loss)
+    with 2-norm <= L(beta, lr), for one logistic logit and for 2, 3 and 5 classes, at
+    parameters where the clipping acts on some records and not on others; DP-SGD's
+    projection of a three-class cross-entropy gradient does not (no gradient field)."""
     gen = torch.Generator().manual_seed(1)
-    for loss, n_out in (("binary_cross_entropy", 1), ("cross_entropy", 2)):
+    for loss, n_out in (("binary_cross_entropy", 1), ("cross_entropy", 2),
+                        ("cross_entropy", 3), ("cross_entropy", 5)):
+        ds = ball_data(60, 1, 3, max(n_out, 2), seed=23)
+        x, y = torch.as_tensor(ds.x_train), torch.as_tensor(ds.y_train)
         problem = stability.StabilityProblem.build(loss, n_out, 3, True, 0.0, R,
                                                    torch.float64, clip_norm=CLIP)
         for lr in (0.5, 4.5):
@@ -561,8 +580,38 @@ def test_clipped_binary_step_is_a_gradient_step_and_three_classes_are_not():
                 assert float(torch.linalg.matrix_norm(jac, ord=2)) <= bound
     ds3 = ball_data(60, 1, 3, 3, seed=23)
     jac = clipped_step_jacobian(torch.as_tensor(ds3.x_train), torch.as_tensor(ds3.y_train),
-                                torch.randn(12, generator=gen, dtype=torch.float64), 1.0, CLIP, 3)
+                                torch.randn(12, generator=gen, dtype=torch.float64), 1.0, CLIP, 3,
+                                projected=True)
     assert float((jac - jac.T).abs().max()) > 1e-3
+
+
+def test_nominal_clipped_gradient_matches_the_exact_rule():
+    """The engine's float clipped logit gradient (agt/bounded/losses.py) is within the
+    per-entry allowance of agt/stability.py (2 tau + 2 eps_a + 2 u) of the exact rule at the
+    same float logits, in float32, including logits placed right at the switch
+    softmax_y = 1 - a, and the clipped gradient norms stay below C."""
+    from agt.bounded.losses import clipped_loss_grad_nominal, transcendental_slack
+    from agt.interval import FloatModel
+    gen = torch.Generator().manual_seed(3)
+    for loss, n_out in (("binary_cross_entropy", 1), ("cross_entropy", 2), ("cross_entropy", 4)):
+        z = torch.randn(4000, n_out, generator=gen, dtype=torch.float64) * 3
+        y = torch.randint(0, max(n_out, 2), (4000,), generator=gen)
+        floor = torch.rand(4000, generator=gen, dtype=torch.float64) * 0.9 + 0.05
+        if n_out > 1:          # half the rows at the switch: softmax_y(z) = 1 - a exactly
+            onehot = torch.nn.functional.one_hot(y, n_out).to(torch.float64)
+            rest = torch.logsumexp(z - 1e300 * onehot, 1)
+            z_true = rest + torch.log((1 - floor) / floor)
+            z = torch.where(torch.arange(4000)[:, None] < 2000,
+                            z * (1 - onehot) + z_true[:, None] * onehot, z)
+        z32 = z.to(torch.float32)
+        got = clipped_loss_grad_nominal(loss, z32, y, floor).to(torch.float64)
+        exact = clipped_logit_gradient(z32.to(torch.float64), y, floor, n_out)
+        fm = FloatModel(torch.float32)
+        allowed = 2 * transcendental_slack(fm, n_out) + 2 * stability.gamma(20, 2.0**-53) \
+            + 2 * fm.unit_roundoff
+        assert float((got - exact).abs().max()) <= allowed
+        g = 1.0 if n_out == 1 else math.sqrt(2.0)
+        assert bool((exact.norm(dim=1) <= g * floor * (1 + 1e-12)).all())
 
 
 def test_clipped_neighbour_nesting_and_smooth_radii():
@@ -607,7 +656,6 @@ BINARY = dict(model=[{"linear": {"in": 4, "out": 1}}], loss="binary_cross_entrop
     (dict(bound_method="served-k0"), "used only by bound_method: stability"),
     (dict(bound_method="served-k0", input_norm_bound=None, k_boxes="ball"),
      "k_boxes: ball needs bound_method: stability"),
-    (dict(clip_norm=0.5), "clip_norm needs a binary model"),
     (dict(clip_norm=0.5, **BINARY, k_boxes="interval"), "clip_norm needs k_boxes: ball"),
     (dict(clip_norm=0.5, **BINARY, clip_gamma=0.4), "clip_gamma >= 0.5"),
     (dict(clip_norm=0.5, loss="binary_cross_entropy", clip_gamma=0.2, input_norm_bound=0.3,

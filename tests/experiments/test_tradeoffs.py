@@ -179,18 +179,17 @@ def test_stability_candidates_join_the_public_tuning():
     assert only["agt_params"]["bound_method"] == "stability"
 
 
-def test_clipped_stability_candidates_only_for_two_classes():
-    """clip_norm candidates (per-record clipping is proven for binary models only) join the
-    tuning of the two-class task, scored like the others, and are left out of the ten-class
-    one."""
+def test_clipped_stability_candidates_join_the_tuning():
+    """clip_norm candidates (per-record clipped losses, agt/stability.py) join the tuning of
+    both tasks, scored like the others; a null grid value leaves the key out; the chosen
+    clipped setting is what the study trains under."""
     grid_spec = {"learning_rate": [1.9], "n_epochs": [20], "clip_norm": [None, 0.3]}
-    multi = _tuning_of(tiny("multiclass"), agt_grid={}, agt_stability_grid=grid_spec, dpsgd={})
-    assert [c.get("clip_norm") for c in multi["agt"]["candidates"]] == [None]
-    binary = _tuning_of(tiny("binary"), "binary", agt_grid={}, agt_stability_grid=grid_spec,
-                        dpsgd={})
-    cands = binary["agt"]["candidates"]
-    assert [c.get("clip_norm") for c in cands] == [None, 0.3]
-    assert all(len(c["scores"]) == 2 for c in cands)
+    for task in ("multiclass", "binary"):
+        out = _tuning_of(tiny(task), task, agt_grid={}, agt_stability_grid=grid_spec, dpsgd={})
+        cands = out["agt"]["candidates"]
+        assert [c.get("clip_norm") for c in cands] == [None, 0.3]
+        assert "clip_norm" not in cands[0]
+        assert all(len(c["scores"]) == 2 for c in cands)
     only = _tuning_of(tiny("binary"), "binary", agt_grid={}, dpsgd={},
                       agt_stability_grid={**grid_spec, "clip_norm": [0.3]})
     assert only["agt_params"]["clip_norm"] == 0.3
