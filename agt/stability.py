@@ -39,7 +39,12 @@ Phi_t(theta) = theta - lr_t grad F_t(theta) the exact step on D's batch,
 * Float error: `step_float_error` bounds, for any in-domain batch and any parameters of
   Frobenius norm <= N, the distance of the float step (agt/training.py's nominal rule) from
   the exact step; every operation is charged with Higham's gamma bounds and the engine's
-  one transcendental assumption (agt/bounded/losses.py).
+  one transcendental assumption (agt/bounded/losses.py). With ``k_boxes: ball`` (no
+  interval pass) the nominal rule computes the logits, per-sample gradients and their mean
+  in float64 from the dtype parameters and records, and rounds the mean once to the dtype
+  (``compute64``): in float32 that removes most of this term (the softmax slack and the
+  65-term dot products at float32's u were most of it), which the nesting argument charges
+  once per unit of k.
 * Per-record clipping (config ``clip_norm`` C). The nominal rule then trains on a clipped
   loss psi_a(z) per record, a = min(1, C / (G ||x~||)) (`clip_floors`), whose logit
   gradient is
@@ -212,6 +217,7 @@ class StabilityProblem:
     padded_norm: float          # R~
     fm: FloatModel
     clip_norm: float | None = None     # C: per-record clipped losses, gradient norm <= C
+    compute64: bool = False            # per-sample gradients and their mean in float64
 
     @property
     def h(self) -> float:
@@ -223,15 +229,16 @@ class StabilityProblem:
 
     @property
     def record_norm(self) -> float:
-        """M >= ||exact per-record gradient||: G R~, or min(G R~, C) when the gradients are
-        clipped to L2 norm C (the projection onto the ball of radius C)."""
+        """M >= ||exact per-record gradient||: G R~, or min(G R~, C) for the clipped losses
+        of config ``clip_norm`` C (module docstring)."""
         m = self.grad_bound * self.padded_norm
         return (m if self.clip_norm is None else min(m, self.clip_norm)) * _UP
 
     @staticmethod
     def build(loss: str, n_logits: int, in_features: int, bias: bool, l2: float,
               input_norm_bound: float, dtype: torch.dtype,
-              n_records: int = 0, clip_norm: float | None = None) -> "StabilityProblem":
+              n_records: int = 0, clip_norm: float | None = None,
+              compute64: bool = False) -> "StabilityProblem":
         """The constants; ``n_records`` (the training set size) and the parameter count must
         stay within MAX_TERMS, where the nesting slack covers the float64 roundings."""
         n_params = n_logits * (in_features + (1 if bias else 0))
@@ -243,7 +250,8 @@ class StabilityProblem:
         fm = FloatModel(dtype)
         r = padded_norm_bound(input_norm_bound, bias, fm.unit_roundoff)
         return StabilityProblem(loss, n_logits, in_features, bias, float(l2), r, fm,
-                                None if clip_norm is None else float(clip_norm))
+                                None if clip_norm is None else float(clip_norm),
+                                bool(compute64))
 
     def clip_floors(self, x: torch.Tensor) -> torch.Tensor:
         """a_i = min(1, C / (G ||x~_i||)) (n,) float64 for the records ``x`` (n, ...) as the
@@ -273,25 +281,30 @@ class StabilityProblem:
         (gamma64_b + u64 + u) M, M = (G + ||dg||) R~ (1 + u); with ``clip_norm`` C the
         clipped gradient's ||dg|| <= h ||dz|| + sqrt(C) (2 tau + 2 eps_a + 2 u) and
         M = (min(G R~, C) + ||dg|| R~)(1 + u) (module docstring); update theta - lr (d + l2
-        theta): u (l2 N + ||d + l2 theta||) lr + u lr ||.|| + u (N + lr ||.||)."""
+        theta): u (l2 N + ||d + l2 theta||) lr + u lr ||.|| + u (N + lr ||.||). With
+        ``compute64`` everything before the cast of the mean runs in float64 (coeff, abs,
+        tau and the product and logit-gradient roundings at float64's u), the cast and the
+        update in the dtype."""
         fm = self.fm
         u = fm.unit_roundoff
+        cfm = FloatModel(torch.float64) if self.compute64 else fm    # per-sample arithmetic
+        uc = cfm.unit_roundoff
         C = self.n_logits
         d_terms = self.in_features + (1 if self.bias else 0)
         P = C * d_terms
         r = self.padded_norm
-        dz = fm.coeff(d_terms) * norm * r + math.sqrt(C) * fm.absolute(d_terms)
-        tau = transcendental_slack(fm, C)
+        dz = cfm.coeff(d_terms) * norm * r + math.sqrt(C) * cfm.absolute(d_terms)
+        tau = transcendental_slack(cfm, C)
         if self.clip_norm is None:
             dg = self.h * dz + math.sqrt(C) * tau
-            per_record = (self.grad_bound + dg) * r * (1.0 + u)
+            per_record = (self.grad_bound + dg) * r * (1.0 + uc)
         else:
             # the clipped gradient is h-Lipschitz in z; at the float logits each entry is off
             # by <= 2 tau + 2 eps_a + 2 u in every branch case (module docstring)
             eps_a = gamma(d_terms + 10, _U64)
-            dg = self.h * dz + math.sqrt(C) * (2.0 * tau + 2.0 * eps_a + 2.0 * u)
-            per_record = (min(self.grad_bound * r, self.clip_norm) + dg * r) * (1.0 + u)
-        d_rec = dg * r + u * per_record
+            dg = self.h * dz + math.sqrt(C) * (2.0 * tau + 2.0 * eps_a + 2.0 * uc)
+            per_record = (min(self.grad_bound * r, self.clip_norm) + dg * r) * (1.0 + uc)
+        d_rec = dg * r + uc * per_record
         d_mean = d_rec + (gamma(int(batch_size) + 2, _U64) + _U64 + u) * per_record * (1.0 + 2 * u)
         direction = (per_record + self.l2 * norm) * (1.0 + 4 * u)
         d_update = u * (self.l2 * norm + direction) * lr + u * lr * direction \

@@ -10,7 +10,9 @@ Nominal training rule (what the bundle's nominal parameters are; anyone can re-r
 per-sample gradients of the loss (agt/bounded; with config ``clip_norm`` C, bound method
 stability only, of each record's clipped loss, whose gradient has L2 norm <= C:
 agt/stability.py), clamped elementwise to [-gamma, gamma],
-summed in float64 and divided by the batch size, rounded once to the training dtype;
+summed in float64 and divided by the batch size, rounded once to the training dtype (under
+stability with ``k_boxes: ball`` the logits and per-sample gradients are computed in
+float64 too, from the dtype parameters and records);
 update by agt/optim.py with lr_t = max(lr / (1 + lr_decay t), lr_min); batches: epoch e
 uses the permutation ``torch.randperm(n, generator=seed * 1000003 + e)`` cut into
 consecutive batches of ``batch_size`` (the last one may be smaller); ``batch_size: full``
@@ -169,13 +171,18 @@ class _Trainer:
         self.y = torch.as_tensor(ds.y_train, dtype=torch.int64, device=device)
         self.x_nominal, self.x_bounds = self._features(x)
         self.clip_floor = None
+        # per-sample arithmetic of the nominal rule: float64 under stability with ball boxes
+        # (agt/stability.py charges float64's rounding), else the training dtype
+        self.compute_dtype = self.dtype
         if cfg.bound_method == "stability":
+            if cfg.k_boxes == "ball":
+                self.compute_dtype = torch.float64
             check_domain(self.x_bounds.cpu().numpy(), cfg.input_norm_bound)
             layer = self.spec.layers[0]
             self.stability = StabilityProblem.build(
                 cfg.loss, self.spec.n_logits, int(self.x_nominal[0].numel()), layer.bias,
                 self.rule.l2, cfg.input_norm_bound, self.dtype, n_records=self.n,
-                clip_norm=cfg.clip_norm)
+                clip_norm=cfg.clip_norm, compute64=cfg.k_boxes == "ball")
             if cfg.clip_norm is not None:
                 self.clip_floor = self.stability.clip_floors(self.x_nominal)
 
@@ -210,6 +217,7 @@ class _Trainer:
         buffers of the nominal per-sample gradients (thresholds for selection=threshold)."""
         sums = {n: torch.zeros(theta[n].numel(), dtype=torch.float64, device=self.device)
                 for n in self.trainable}
+        theta_c = {n: t.to(self.compute_dtype) for n, t in theta.items()}
         frag = self.cfg.fragment_size
         # Thresholds only need to be good, not exact (any threshold is sound): take the order
         # statistics of the first fragment (the batch is a random permutation), at ranks
@@ -221,8 +229,9 @@ class _Trainer:
         for f0 in range(0, len(idx), frag):
             fidx = idx[f0:f0 + frag]
             floor = None if self.clip_floor is None else self.clip_floor[fidx]
-            sources = self.net.grads_nominal(theta, self.x_nominal[fidx], self.y[fidx],
-                                             self.cfg.loss, clip_floor=floor)
+            sources = self.net.grads_nominal(
+                theta_c, self.x_nominal[fidx].to(self.compute_dtype), self.y[fidx],
+                self.cfg.loss, clip_floor=floor)
             for name, src in sources.items():
                 for r0, r1 in self._row_chunks(src, len(fidx), 1):
                     g = src.fn(r0, r1).clamp(-self.gamma, self.gamma)

@@ -6,7 +6,9 @@ interval pass (config ``k_boxes``), and the placement programme of `StabilityPro
 1. Training on digits10_gd and digits10_sgd (benchmarks/bench_tightness.py's tasks) under
    ``k_boxes: interval`` (the interval pass beside the balls) and ``k_boxes: ball`` (boxes
    enclosing the balls, no interval pass), interleaved repeats; minimum, spread (max - min)
-   and the ratio of the minima, all from this run. The certified fractions must agree.
+   and the ratio of the minima, all from this run, with the certified fractions of each
+   (ball boxes compute the nominal rule's per-sample arithmetic in float64, so their radii
+   charge less float error and certify at least as much in float32).
 2. `radii` alone for synthetic step lists (T steps, a contiguous grid of K values; one step
    per epoch and 10 steps per epoch), minimum over the repeats.
 """
@@ -47,7 +49,8 @@ def training(task: str, repeats: int) -> None:
         print(f"{task:14s} k_boxes {kb:8s} train min {min(ts):7.3f} s  spread "
               f"{max(ts) - min(ts):6.3f} s  certified at k = {ks}: {fractions[kb]}")
     print(f"{task:14s} interval / ball (minima): {min(times['interval']) / min(times['ball']):.1f}x"
-          f"; same certificates: {fractions['interval'] == fractions['ball']}")
+          f"; ball certifies at least as much: "
+          f"{all(b >= i for b, i in zip(fractions['ball'], fractions['interval']))}")
 
 
 def radii(repeats: int) -> None:
