@@ -72,9 +72,10 @@ Phi_t(theta) = theta - lr_t grad F_t(theta) the exact step on D's batch,
   not symmetric, so it is no gradient step. Float error: the exact clipped gradient at the
   float logits is h-Lipschitz, so dz carries over as before; at those logits each entry of
   the float result (softmax outputs within tau, a within eps_a = gamma64(d~ + 10), one
-  rounding to the dtype) is within 2 tau + 2 eps_a + 2 u of the exact one whichever branch
+  rounding to the arithmetic's precision u: the dtype's, or float64's under ``compute64``)
+  is within 2 tau + 2 eps_a + 2 u of the exact one whichever branch
   each side takes (near the switch both branches nearly agree: p_j = (1 - p_y) q_j), and
-  the float gradient's norm is <= (min(G R~, C) + ||dg|| R~)(1 + u).
+  the float gradient's norm is <= (min(G R~, C) + ||dg|| R~)(1 + u), u as before.
 
 beta: lambda_max(X~^T X~ / b) <= ||X~^T X~||_{S4} / b (the Schatten-4 norm,
 (sum lambda^4)^(1/4), computed as ||A^2||_F^(1/2) with a-priori rounding bounds on the
