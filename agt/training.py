@@ -171,18 +171,18 @@ class _Trainer:
         self.y = torch.as_tensor(ds.y_train, dtype=torch.int64, device=device)
         self.x_nominal, self.x_bounds = self._features(x)
         self.clip_floor = None
-        # per-sample arithmetic of the nominal rule: float64 under stability with ball boxes
-        # (agt/stability.py charges float64's rounding), else the training dtype
+        # per-sample arithmetic of the nominal rule: the training dtype, or float64 where
+        # the stability radii charge float64's rounding for it (``compute64``, below)
         self.compute_dtype = self.dtype
         if cfg.bound_method == "stability":
-            if cfg.k_boxes == "ball":
-                self.compute_dtype = torch.float64
             check_domain(self.x_bounds.cpu().numpy(), cfg.input_norm_bound)
             layer = self.spec.layers[0]
             self.stability = StabilityProblem.build(
                 cfg.loss, self.spec.n_logits, int(self.x_nominal[0].numel()), layer.bias,
                 self.rule.l2, cfg.input_norm_bound, self.dtype, n_records=self.n,
                 clip_norm=cfg.clip_norm, compute64=cfg.k_boxes == "ball")
+            if self.stability.compute64:
+                self.compute_dtype = torch.float64
             if cfg.clip_norm is not None:
                 self.clip_floor = self.stability.clip_floors(self.x_nominal)
 
