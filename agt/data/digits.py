@@ -27,6 +27,13 @@ records are round(n * test_fraction) indices drawn by ``numpy.random.default_rng
 order matters for AGT, DESIGN.md section 3). mnist keeps the file's own train/test split.
 ``max_train`` (both): keep that many training records, chosen by the same seeded generator,
 in file order.
+
+Features (option ``features``, both): ``raw`` (default) or ``unit_ball``, the public map of
+agt/baselines/unit_ball.py (pixels centred on the middle of the format's range and divided by
+its half-width times sqrt(d), so ||x||_2 <= 1 for every image the format allows): the
+declared domain ``input_norm_bound: 1`` of bound method stability then holds for every
+neighbouring dataset, from the format alone. ``meta["feature_range"]`` is then the mapped
+per-pixel range [-1/sqrt(d), 1/sqrt(d)].
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from agt.errors import ConfigError, DataError
 DIGITS_RANGE = (0.0, 16.0)
 MNIST_FILENAME = "mnist.npz"
 TASKS = ("multiclass", "binary")
+FEATURES = ("raw", "unit_ball")
 _INSTALL = 'pip install -e ".[datasets]" (or pip install "scikit-learn>=1.3")'
 _MNIST_HINT = ("an MNIST archive with arrays x_train, y_train, x_test, y_test (e.g. the "
                "mnist.npz of keras.datasets.mnist); pass data.options.path or data_dir")
@@ -110,9 +118,29 @@ def check_range(x: np.ndarray, low: float, high: float, where: str) -> None:
                         f"file or give data.options.pixel_range")
 
 
+def public_features(ds: Dataset, features: str) -> Dataset:
+    """``features: unit_ball``: both splits through the data-independent unit-ball map of the
+    format's public range (module docstring); ``raw``: unchanged."""
+    if features == "raw":
+        return ds
+    from agt.baselines.unit_ball import UnitBallMap
+    low, high = ds.meta["feature_range"]
+    d = int(ds.x_train.shape[1])
+    unit = UnitBallMap(float(low), float(high), d)
+    half = 1.0 / math.sqrt(d)
+    meta = {**ds.meta, "features": features, "feature_range": [-half, half],
+            "raw_feature_range": [low, high]}
+    x_test = None if ds.x_test is None else unit.transform(ds.x_test, f"{ds.name} test images")
+    return validate_dataset(Dataset(ds.name, unit.transform(ds.x_train, f"{ds.name} images"),
+                                    ds.y_train, x_test, ds.y_test, ds.n_classes, meta,
+                                    source_index=ds.source_index))
+
+
 def load_digits_dataset(options: Mapping[str, Any] | None, base_dir: Path | None) -> Dataset:
-    opts = Options("digits", options, ("task", "pair", "test_fraction", "seed", "max_train"))
+    opts = Options("digits", options, ("task", "pair", "test_fraction", "seed", "max_train",
+                                       "features"))
     task, pair = _read_task_options(opts)
+    features = opts.choice("features", "raw", FEATURES)
     test_fraction = opts.float("test_fraction", 0.2, 0.0, 1.0, hi_open=True)
     seed = opts.int("seed", 0, minimum=0)
     max_train = opts.int("max_train", None, minimum=1)
@@ -142,14 +170,14 @@ def load_digits_dataset(options: Mapping[str, Any] | None, base_dir: Path | None
         meta={"source": "scikit-learn load_digits (UCI optical recognition of handwritten "
                         "digits, 8 x 8, grey levels 0..16)",
               "options": {"task": task, "pair": pair, "test_fraction": test_fraction,
-                          "seed": seed, "max_train": max_train},
+                          "seed": seed, "max_train": max_train, "features": features},
               "label_meaning": meaning, "image_shape": [8, 8],
               "feature_range": list(DIGITS_RANGE), "n_task_records": n,
               "n_train_before_max_train": n_train_task,
               "n_train": int(train_idx.size), "n_test": n_test},
         source_index=keep[train_idx].astype(np.int64),
     )
-    return validate_dataset(ds)
+    return public_features(validate_dataset(ds), features)
 
 
 def _mnist_images(raw: np.ndarray, where: str) -> np.ndarray:
@@ -164,8 +192,9 @@ def _mnist_images(raw: np.ndarray, where: str) -> np.ndarray:
 
 def load_mnist(options: Mapping[str, Any] | None, base_dir: Path | None) -> Dataset:
     opts = Options("mnist", options, ("path", "data_dir", "task", "pair", "seed", "max_train",
-                                      "pixel_range"))
+                                      "pixel_range", "features"))
     task, pair = _read_task_options(opts)
+    features = opts.choice("features", "raw", FEATURES)
     seed = opts.int("seed", 0, minimum=0)
     max_train = opts.int("max_train", None, minimum=1)
     pr = opts.raw.get("pixel_range", [0, 255])
@@ -209,11 +238,11 @@ def load_mnist(options: Mapping[str, Any] | None, base_dir: Path | None) -> Data
         n_classes=n_classes,
         meta={"source": str(path),
               "options": {"task": task, "pair": pair, "seed": seed, "max_train": max_train,
-                          "pixel_range": [low, high]},
+                          "pixel_range": [low, high], "features": features},
               "label_meaning": meaning,
               "image_shape": [side, side] if side * side == x.shape[1] else [x.shape[1]],
               "feature_range": [low, high], "n_train_source": int(x.shape[0]),
               "n_train": int(train_idx.size), "n_test": int(keep_t.size)},
         source_index=train_idx.astype(np.int64),
     )
-    return validate_dataset(ds)
+    return public_features(validate_dataset(ds), features)

@@ -426,3 +426,32 @@ def test_load_npz_queries_errors(tmp_path):
     np.savez(tmp_path / "len.npz", x=np.ones((3, 2)), y=np.array([0, 1]))
     with pytest.raises(DataError, match="3 records but 2 labels"):
         load_npz_queries(tmp_path / "len.npz")
+
+
+# ------------------------------------------------------------------ digits: unit-ball features
+
+def test_digits_unit_ball_features_and_the_stability_example_config():
+    """features: unit_ball maps by the public pixel range only, (x - 8) / (8 sqrt 64), so
+    every image the format allows has ||x|| <= 1 (the domain of bound method stability);
+    labels and split are the raw loader's; configs/digits_stability.yaml (fewer steps here)
+    trains on it and certifies queries at k >= 1."""
+    from agt.certify import Certifier
+    from agt.config import load_config
+    from agt.store import from_result
+    from agt.training import train
+    raw = load_dataset("digits", {"task": "binary"}, None)
+    unit = load_dataset("digits", {"task": "binary", "features": "unit_ball"}, None)
+    np.testing.assert_array_equal(raw.y_train, unit.y_train)
+    np.testing.assert_array_equal(raw.y_test, unit.y_test)
+    np.testing.assert_allclose(unit.x_train, (raw.x_train - 8.0) / 64.0, rtol=1e-11)
+    assert np.linalg.norm(unit.x_train, axis=1).max() <= 1.0
+    assert unit.meta["feature_range"] == [-0.125, 0.125]
+    assert unit.meta["options"]["features"] == "unit_ball"
+    with pytest.raises(ConfigError, match="features"):
+        load_dataset("digits", {"features": "pca"}, None)
+    cfg = load_config("configs/digits_stability.yaml", {"n_epochs": 20, "device": "cpu"})
+    ds = load_dataset(cfg.data.name, cfg.data.options)
+    res = train(cfg, ds)
+    cert = Certifier(from_result(res)).certify(ds.x_test)
+    assert (cert.prediction == ds.y_test).mean() > 0.7
+    assert cert.certified_fraction()[1] > 0.3
