@@ -367,6 +367,20 @@ def test_ball_certificates_hold_at_the_worst_parameters():
     assert bool(bad_weak.any())
 
 
+def assert_neighbours_nest(cfg, ds, base, r_base, seed: int) -> None:
+    """For four retrained one-record neighbours D' (random and adversarial in turn):
+    ball(D', k-1) inside ball(D, k) (centre distance plus radius) for every k of the grid,
+    and r(D') >= r(D) - 1 for every test query."""
+    rng = np.random.default_rng(seed)
+    for t in range(4):
+        other = train(cfg, neighbour(ds, 1, rng, ("random", "adversarial")[t % 2]))
+        gap = distance(other.nominal, base.nominal)
+        for j in range(1, len(base.k_values)):
+            assert gap + other.ball_radius[j - 1] <= base.ball_radius[j]
+        r_other = Certifier(from_result(other)).certify(ds.x_test).radius
+        assert bool((r_other >= r_base - 1).all())
+
+
 @pytest.mark.parametrize("batch,k_boxes", [("full", "interval"), ("full", "ball"),
                                            (20, "interval"), (20, "ball")])
 def test_neighbour_nesting_and_smooth_radii(batch, k_boxes):
@@ -379,14 +393,7 @@ def test_neighbour_nesting_and_smooth_radii(batch, k_boxes):
     base = train(cfg, ds)
     r_base = Certifier(from_result(base)).certify(ds.x_test).radius
     assert (r_base >= 1).mean() > 0.3
-    rng = np.random.default_rng(8)
-    for t in range(4):
-        other = train(cfg, neighbour(ds, 1, rng, ("random", "adversarial")[t % 2]))
-        gap = distance(other.nominal, base.nominal)
-        for j in range(1, len(base.k_values)):
-            assert gap + other.ball_radius[j - 1] <= base.ball_radius[j]
-        r_other = Certifier(from_result(other)).certify(ds.x_test).radius
-        assert bool((r_other >= r_base - 1).all())
+    assert_neighbours_nest(cfg, ds, base, r_base, seed=8)
 
 
 def test_certifies_where_the_interval_boxes_do_not():
@@ -629,14 +636,7 @@ def test_clipped_neighbour_nesting_and_smooth_radii():
     plain = train(cfg.replace(clip_norm=None, clip_gamma=max(R, 1.0)), ds)
     r_plain = Certifier(from_result(plain)).certify(ds.x_test).radius
     assert np.median(r_base) > 2 * max(np.median(r_plain), 1)
-    rng = np.random.default_rng(25)
-    for t in range(4):
-        other = train(cfg, neighbour(ds, 1, rng, ("random", "adversarial")[t % 2]))
-        gap = distance(other.nominal, base.nominal)
-        for j in range(1, len(base.k_values)):
-            assert gap + other.ball_radius[j - 1] <= base.ball_radius[j]
-        r_other = Certifier(from_result(other)).certify(ds.x_test).radius
-        assert bool((r_other >= r_base - 1).all())
+    assert_neighbours_nest(cfg, ds, base, r_base, seed=25)
 
 
 # -- errors and storage -----------------------------------------------------------------------
