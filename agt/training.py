@@ -172,8 +172,10 @@ class _Trainer:
         self.x_nominal, self.x_bounds = self._features(x)
         self.clip_floor = None
         # per-sample arithmetic of the nominal rule: the training dtype, or float64 where
-        # the stability radii charge float64's rounding for it (``compute64``, below)
+        # the stability radii charge float64's rounding for it (``compute64``, below; the
+        # records are then x_bounds, already their exact float64 copy: no frozen prefix)
         self.compute_dtype = self.dtype
+        self.x_compute = self.x_nominal
         if cfg.bound_method == "stability":
             check_domain(self.x_bounds.cpu().numpy(), cfg.input_norm_bound)
             layer = self.spec.layers[0]
@@ -182,7 +184,7 @@ class _Trainer:
                 self.rule.l2, cfg.input_norm_bound, self.dtype, n_records=self.n,
                 clip_norm=cfg.clip_norm, compute64=cfg.k_boxes == "ball")
             if self.stability.compute64:
-                self.compute_dtype = torch.float64
+                self.compute_dtype, self.x_compute = torch.float64, self.x_bounds
             if cfg.clip_norm is not None:
                 self.clip_floor = self.stability.clip_floors(self.x_nominal)
 
@@ -230,7 +232,7 @@ class _Trainer:
             fidx = idx[f0:f0 + frag]
             floor = None if self.clip_floor is None else self.clip_floor[fidx]
             sources = self.net.grads_nominal(
-                theta_c, self.x_nominal[fidx].to(self.compute_dtype), self.y[fidx],
+                theta_c, self.x_compute[fidx], self.y[fidx],
                 self.cfg.loss, clip_floor=floor)
             for name, src in sources.items():
                 for r0, r1 in self._row_chunks(src, len(fidx), 1):
