@@ -1,0 +1,240 @@
+"""Poisoning attacks: upper bounds on a query's true stability radius (owner-side analysis).
+
+A certificate at k claims that every dataset D' within distance k of D trains, by the
+engine's nominal rule, a model that predicts the query as the served model does. The true
+radius of a query is the largest such k; a sound certificate never exceeds it. One explicit
+D' at distance k whose retrained model (``train_nominal``, the served code path) predicts the
+query differently proves that the true radius is below k, for *every* sound method. So an
+attack measures from above what certificates measure from below:
+
+    certified k*  <=  true radius  <  flip k (the attack's)
+
+The gap between the two says how much any tighter bound could still gain on that query, and
+a certified k* >= flip k is a soundness failure (the test suite uses it as one).
+
+The attack (replace-one; ``n`` and the batch order are unchanged) targets one query x_q
+whose served class is c. For a model of one linear layer the margin m(theta) = z_c - z_t
+(t: the runner-up class; for one logit, m = s z with s = +1 for class 1 and -1 for class 0)
+is linear in theta with gradient d. A gradient step theta -= lr * mean_i g_i changes m by
+-lr / b * sum_i d . g_i, so record i supports the margin by -d . g_i and a record whose
+(clamped or clipped) gradient g' maximises d . g' erodes it fastest. The attack scores
+every training record by its support at the initial and at the served parameters,
+replaces the k most supportive ones by k copies of the crafted record that erodes the
+margin most at the same two points (candidates: the query's direction and its sign pattern,
+both signs, several scales, every label; inside ||x|| <= R when the config declares the
+input domain R of ``bound_method: stability``), retrains, and searches the k grid by
+bisection for the smallest k that flips the prediction. Two points of the trajectory and
+one crafted record are heuristics: the attack is not optimal, so the flip k is an upper
+bound on the true radius, not the radius; every reported flip is a real retrained
+neighbour (the datasets can be rebuilt with ``poisoned_dataset``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from agt.bounded.network import Network
+from agt.config import TrainConfig
+from agt.data import Dataset
+from agt.errors import ConfigError, DataError
+from agt.models import init_params
+from agt.tensors import predicted_classes, torch_dtype
+from agt.training import train_nominal
+
+#: how far inside the declared domain ||x|| <= R a crafted record is placed (the trainer
+#: checks the domain on the records' float values, so they must not land on its edge)
+_DOMAIN_MARGIN = 1e-6
+#: crafted-record scales, relative to the largest training record norm
+_SCALES = (0.5, 1.0, 3.0, 10.0, 100.0)
+
+
+@dataclass(frozen=True)
+class FlipResult:
+    """Per query: the served class and the smallest grid k at which the attack's neighbour
+    (k records replaced) retrains to another class, -1 where none in the grid did. Owner-only,
+    like a certificate: it is computed from the private data."""
+    prediction: np.ndarray        # (Q,) int64
+    flip_k: np.ndarray            # (Q,) int64
+    k_values: tuple[int, ...]
+    n_retrains: int
+
+
+def _check_attackable(cfg: TrainConfig, ds: Dataset):
+    spec = cfg.model.with_input_shape(ds.feature_shape)
+    if len(spec.layers) != 1 or spec.layers[0].kind != "linear" or spec.frozen_layers:
+        raise ConfigError("the poisoning attack crafts records for a model of exactly one "
+                          "trainable linear layer (a logistic or softmax head); this model has "
+                          f"{len(spec.layers)} layer(s): use it on a linear head")
+    if len(ds.feature_shape) != 1:
+        raise DataError(f"the attack needs flat feature vectors; got shape {ds.feature_shape}")
+    return spec
+
+
+class _Head:
+    """The linear head's per-record gradients in float64 (a scoring heuristic only: the
+    retraining, not this, decides whether the attack worked)."""
+
+    def __init__(self, cfg: TrainConfig, spec, bias: bool):
+        self.cfg = cfg
+        self.bias = bias
+        self.n_logits = spec.n_logits
+
+    def features(self, x: np.ndarray) -> torch.Tensor:
+        x = torch.as_tensor(x, dtype=torch.float64)
+        return torch.cat([x, torch.ones(len(x), 1, dtype=torch.float64)], 1) if self.bias else x
+
+    def grads(self, theta: torch.Tensor, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
+        """(m, n_logits, d~): clipped (clip_norm) and clamped (clip_gamma) per-record
+        gradients of the loss at the head theta (n_logits, d~)."""
+        xt = self.features(x)
+        z = xt @ theta.T
+        y = torch.as_tensor(y, dtype=torch.long)
+        if self.n_logits == 1:
+            r = torch.sigmoid(z) - y[:, None].double()
+        else:
+            r = torch.softmax(z, 1) - torch.nn.functional.one_hot(y, self.n_logits).double()
+        g = r[:, :, None] * xt[:, None, :]
+        if self.cfg.clip_norm is not None:
+            norm = g.flatten(1).norm(dim=1).clamp_min(1e-300)
+            g = g * (self.cfg.clip_norm / norm).clamp(max=1.0)[:, None, None]
+        return g.clamp(-self.cfg.clip_gamma, self.cfg.clip_gamma)
+
+
+def _theta(params: dict[str, torch.Tensor], spec) -> torch.Tensor:
+    names = spec.trainable_param_names()
+    w = params[names[0]].double()
+    if len(names) == 1:
+        return w
+    return torch.cat([w, params[names[1]].double()[:, None]], 1)
+
+
+def _margin_direction(z_q: torch.Tensor, xt_q: torch.Tensor) -> torch.Tensor:
+    """d = dm/dtheta (n_logits, d~) of the served class's margin against the runner-up, both
+    read from the served logits z_q."""
+    d = torch.zeros(len(z_q), len(xt_q), dtype=torch.float64)
+    if len(z_q) == 1:
+        d[0] = xt_q if float(z_q[0]) > 0 else -xt_q
+        return d
+    order = torch.argsort(z_q, descending=True)
+    d[int(order[0])] = xt_q
+    d[int(order[1])] = -xt_q
+    return d
+
+
+class _Attack:
+    def __init__(self, cfg: TrainConfig, ds: Dataset):
+        self.spec = _check_attackable(cfg, ds)
+        self.cfg = cfg
+        self.ds = ds
+        self.dtype = torch_dtype(cfg.dtype)
+        self.net = Network(self.spec.layers, 0)
+        self.bias = len(self.spec.trainable_param_names()) == 2
+        self.head = _Head(cfg, self.spec, self.bias)
+        theta0 = init_params(self.spec, cfg.seed, self.dtype)
+        self.served = train_nominal(cfg, ds)
+        self.thetas = (_theta(theta0, self.spec), _theta(self.served, self.spec))
+        self.n_classes = max(2, self.spec.n_logits)
+        norms = np.linalg.norm(ds.x_train, axis=1)
+        self.scale = float(norms.max()) if len(norms) else 1.0
+        self.radius = cfg.input_norm_bound
+
+    def predict(self, params, x) -> np.ndarray:
+        with torch.no_grad():
+            z, _ = self.net.forward_nominal({k: v.to(self.dtype) for k, v in params.items()},
+                                            torch.as_tensor(x, dtype=self.dtype))
+        return predicted_classes(z).cpu().numpy()
+
+    def _candidates(self, xq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        dirs = []
+        for u in (xq, np.sign(xq)):
+            n = float(np.linalg.norm(u))
+            if n > 0:
+                dirs += [u / n, -u / n]
+        if not dirs:
+            dirs = [np.eye(len(xq))[0], -np.eye(len(xq))[0]]
+        if self.radius is not None:
+            scales = [self.radius * (1 - _DOMAIN_MARGIN), self.radius / 2]
+        else:
+            scales = [s * max(self.scale, 1.0) for s in _SCALES]
+        pts = np.array([s * u for u in dirs for s in scales])
+        labels = np.arange(self.n_classes)
+        return np.repeat(pts, len(labels), 0), np.tile(labels, len(pts))
+
+    def plan(self, xq: np.ndarray):
+        """(records ordered by their support of the query's margin, crafted x', crafted y')."""
+        xt_q = self.head.features(xq[None])[0]
+        support = torch.zeros(self.ds.n_train, dtype=torch.float64)
+        cand_x, cand_y = self._candidates(xq)
+        erosion = torch.zeros(len(cand_y), dtype=torch.float64)
+        d = _margin_direction(self.thetas[1] @ xt_q, xt_q)
+        for theta in self.thetas:
+            support -= (self.head.grads(theta, self.ds.x_train, self.ds.y_train) * d).sum((1, 2))
+            erosion += (self.head.grads(theta, cand_x, cand_y) * d).sum((1, 2))
+        best = int(torch.argmax(erosion))
+        order = np.argsort(-support.numpy(), kind="stable")
+        return order, cand_x[best], int(cand_y[best])
+
+    def poisoned(self, plan, k: int) -> Dataset:
+        order, x_new, y_new = plan
+        x, y = self.ds.x_train.copy(), self.ds.y_train.copy()
+        x[order[:k]] = x_new
+        y[order[:k]] = y_new
+        return Dataset(self.ds.name, x, y, self.ds.x_test, self.ds.y_test, self.ds.n_classes,
+                       dict(self.ds.meta))
+
+
+def poisoned_dataset(cfg: TrainConfig, ds: Dataset, query, k: int) -> Dataset:
+    """The attack's neighbour of ``ds`` for one query: k training records replaced (n and
+    the batch order unchanged), so it lies at replace-one distance <= k."""
+    if not 0 <= int(k) <= ds.n_train:
+        raise DataError(f"k = {k} must lie in 0..{ds.n_train} (the number of training records)")
+    attack = _Attack(cfg, ds)
+    xq = np.asarray(query, dtype=np.float64).reshape(-1)
+    return attack.poisoned(attack.plan(xq), int(k))
+
+
+def flip_radius(cfg: TrainConfig, ds: Dataset, queries, k_values, *,
+                progress: bool = False) -> FlipResult:
+    """For each query, the smallest k of ``k_values`` (searched by bisection, after checking
+    the largest) at which the attack's neighbour retrains to another class; -1 if even the
+    largest k does not flip it. Each flip is an upper bound on the query's true radius under
+    replace-one: no sound certificate may certify the query at that k."""
+    grid = sorted({int(k) for k in k_values if int(k) > 0})
+    if not grid:
+        raise DataError("k_values needs at least one k > 0 (k = 0 is D itself, which never flips)")
+    if grid[-1] > ds.n_train:
+        raise DataError(f"k = {grid[-1]} exceeds the {ds.n_train} training records")
+    attack = _Attack(cfg, ds)
+    xq_all = np.asarray(queries, dtype=np.float64)
+    if xq_all.ndim != 2 or xq_all.shape[1] != ds.feature_shape[0]:
+        raise DataError(f"queries need shape (Q, {ds.feature_shape[0]}); got {xq_all.shape}")
+    served = attack.predict(attack.served, xq_all)
+    flip = np.full(len(xq_all), -1, dtype=np.int64)
+    retrains = 0
+    rows = range(len(xq_all))
+    if progress:
+        from tqdm import tqdm
+        rows = tqdm(rows, desc="attack", unit="query")
+    for q in rows:
+        plan = attack.plan(xq_all[q])
+
+        def flips(k: int) -> bool:
+            nonlocal retrains
+            retrains += 1
+            params = train_nominal(attack.cfg, attack.poisoned(plan, k))
+            return int(attack.predict(params, xq_all[q:q + 1])[0]) != int(served[q])
+
+        if not flips(grid[-1]):
+            continue
+        lo, hi = -1, len(grid) - 1          # grid[hi] flips; below lo nothing is known to flip
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if flips(grid[mid]):
+                hi = mid
+            else:
+                lo = mid
+        flip[q] = grid[hi]
+    return FlipResult(served.astype(np.int64), flip, tuple(grid), retrains)
