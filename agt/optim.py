@@ -19,7 +19,11 @@ Interval rule. Each new quantity is an affine function of the *independent* boxe
 so evaluating it with interval arithmetic gives its exact range over the boxes (sound
 and inclusion-isotone, also with momentum *and* L2: no dependency between theta and v is
 lost that the nominal computation would exploit). The result is widened for the rounding
-of the nominal dtype (each term sees at most 8 roundings) and of float64.
+of the nominal dtype (each term sees at most 8 roundings) and of float64, relative to the
+magnitudes of the nominal computation's *intermediates*: theta enters once as itself and
+once through lr c l2 theta, so its magnitude coefficient is 1 + |lr c l2|, not
+|1 - lr c l2| (which cancels when lr c l2 is near 1 while the roundings of d + l2 theta and
+of lr g stay of size u |theta|: `magnitude_coefficients`).
 """
 
 from __future__ import annotations
@@ -84,26 +88,43 @@ class UpdateRule:
                          "v": -lr * mu}
         return theta_new, v_new
 
+    def magnitude_coefficients(self, lr: float, first_step: bool) -> tuple[dict, dict | None]:
+        """Coefficients of the magnitude bound of every intermediate of the nominal update
+        (the same keys as `coefficients`): theta's coefficient 1 - lr c l2 is charged as
+        1 + |lr c l2|, since the nominal computes d + l2 theta and lr g before the
+        difference that cancels. The other coefficients are single products."""
+        coef_theta, coef_v = self.coefficients(lr, first_step)
+        mag_theta = {k: abs(c) for k, c in coef_theta.items()}
+        mag_theta["theta"] = 1.0 + abs(1.0 - coef_theta["theta"])
+        mag_v = None if coef_v is None else {k: abs(c) for k, c in coef_v.items()}
+        return mag_theta, mag_v
+
     def bounds(self, theta: Interval, v: Interval | None, d: Interval, lr: float,
                first_step: bool, fm: FloatModel) -> tuple[Interval, Interval | None]:
         coef_theta, coef_v = self.coefficients(lr, first_step)
+        mag_theta, mag_v = self.magnitude_coefficients(lr, first_step)
         boxes = {"theta": theta, "v": v, "d": d}
-        new_theta = affine(coef_theta, boxes, fm)
-        new_v = affine(coef_v, boxes, fm) if coef_v is not None else None
+        new_theta = affine(coef_theta, boxes, fm, mag_theta)
+        new_v = affine(coef_v, boxes, fm, mag_v) if coef_v is not None else None
         return new_theta, new_v
 
 
-def affine(coefs: dict[str, float], boxes: dict[str, Interval | None], fm: FloatModel) -> Interval:
-    """Range of sum_i c_i X_i over independent boxes X_i, widened for rounding."""
+def affine(coefs: dict[str, float], boxes: dict[str, Interval | None], fm: FloatModel,
+           mag_coefs: dict[str, float] | None = None) -> Interval:
+    """Range of sum_i c_i X_i over independent boxes X_i, widened for rounding relative to
+    sum_i m_i |X_i| (``mag_coefs`` m_i, default |c_i|: the magnitudes of the nominal
+    computation's intermediates)."""
+    mag_coefs = {k: abs(c) for k, c in coefs.items()} if mag_coefs is None else mag_coefs
     lo = hi = mag = None
     for name, c in coefs.items():
-        if c == 0.0:
+        m = mag_coefs.get(name, abs(c))
+        if c == 0.0 and m == 0.0:
             continue
         box = boxes[name]
         if box is None:
             raise RuntimeError(f"internal: missing box '{name}' in affine update")
         t_lo, t_hi = (c * box.lo, c * box.hi) if c >= 0 else (c * box.hi, c * box.lo)
-        t_mag = abs(c) * box.magnitude()
+        t_mag = m * box.magnitude()
         lo = t_lo if lo is None else lo + t_lo
         hi = t_hi if hi is None else hi + t_hi
         mag = t_mag if mag is None else mag + t_mag

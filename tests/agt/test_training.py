@@ -416,3 +416,29 @@ def test_dampening_without_momentum_is_refused():
     with _pytest.raises(ConfigError, match="dampening without momentum"):
         config(LOGISTIC_CE, optimizer="sgdm", momentum=0.0, dampening=0.3)
     config(LOGISTIC_CE, optimizer="sgdm", momentum=0.5, dampening=0.3)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "sgdm", "nesterov"])
+def test_l2_cancelling_the_parameter_coefficient_is_still_charged(optimizer):
+    """lr c l2 = 1 makes theta's coefficient 1 - lr c l2 vanish, but the nominal computes
+    d + l2 theta and lr g first, whose roundings are of size u |theta| (found by an
+    adversarial review: a one-record neighbour left the k = 1 box and flipped certified
+    queries). Ten misclassified records saturate at +-gamma = 2^-21; the neighbour's
+    record saturates the other way."""
+    from agt.data import Dataset
+    momentum = {"sgd": {}, "sgdm": {"optimizer": "sgdm", "momentum": 0.5},
+                "nesterov": {"optimizer": "sgdm", "momentum": 0.5, "nesterov": True}}[optimizer]
+    c = 1.5 if optimizer == "nesterov" else 1.0        # first-step coefficient of g
+    cfg = config([{"linear": {"in": 1, "out": 1}}], "binary_cross_entropy",
+                 learning_rate=0.5, lr_decay=0.0, l2_reg=2.0 / c, clip_gamma=2.0 ** -21,
+                 n_epochs=1, batch_size="full", k_values=[0, 1], dtype="float32", seed=1,
+                 **momentum)
+    x = np.array([[1000.0]] * 5 + [[-1000.0]] * 5)
+    y = np.array([0] * 5 + [1] * 5)
+    ds = Dataset("cancel", x, y, x[:1], y[:1], 2)
+    res = train(cfg, ds)
+    x2, y2 = x.copy(), y.copy()
+    x2[0], y2[0] = [1.0], 1
+    params = train_nominal(cfg, Dataset("cancel", x2, y2, x[:1], y[:1], 2))
+    ok, msg = inside(params, res.lower, res.upper, 1)
+    assert ok, msg
