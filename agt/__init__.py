@@ -53,9 +53,16 @@ def train(config: TrainConfig, dataset: Dataset, *, progress: bool = False) -> B
     return from_result(train_result(config, dataset, progress=progress))
 
 
-def certify(bundle: Bundle, x, *, device: str = "cpu") -> Certificate:
-    """Per query: the served model's prediction and its stability radius (owner-only)."""
-    return Certifier(bundle, device=device).certify(x)
+def certify(bundle: Bundle, x, *, device: str = "cpu", training_data: Dataset | None = None
+            ) -> Certificate:
+    """Per query: the served model's prediction and its stability radius (owner-only).
+    ``training_data`` (a linear head's bundle from the interval pass): also certify by the
+    margin bound along the training run (agt/trajectory.py; replace-one)."""
+    trajectory = None
+    if training_data is not None:
+        from agt.trajectory import TrajectoryBounds
+        trajectory = TrajectoryBounds(bundle, training_data)
+    return Certifier(bundle, device=device, trajectory=trajectory).certify(x)
 
 
 __all__ = [

@@ -19,12 +19,15 @@ is linear in theta with gradient d. A gradient step theta -= lr * mean_i g_i cha
 -lr / b * sum_i d . g_i, so record i supports the margin by -d . g_i and a record whose
 (clamped or clipped) gradient g' maximises d . g' erodes it fastest. The attack scores
 every training record by its support at the initial and at the served parameters,
-replaces the k most supportive ones by k copies of the crafted record that erodes the
-margin most at the same two points (candidates: the query's direction and its sign pattern,
-both signs, several scales, every label; inside ||x|| <= R when the config declares the
-input domain R of ``bound_method: stability``), retrains, and searches the k grid by
-bisection for the smallest k that flips the prediction. Two points of the trajectory and
-one crafted record are heuristics: the attack is not optimal, so the flip k is an upper
+replaces the k most supportive ones by k copies of a crafted record, retrains, and
+searches the k grid by bisection for the smallest k that flips the prediction. The
+candidates for the crafted record are the query's direction and its sign pattern, both
+signs, every label, at several scales (inside ||x|| <= R when the config declares the input
+domain R of ``bound_method: stability``); per scale the one that erodes the margin most at
+the same two points is shortlisted, and of those the one whose neighbour at the largest k
+retrains to the smallest margin is used (first-order scores misjudge records far outside
+the data: their first step is large, and they stop pushing once fitted). Two points of the
+trajectory and one crafted record are heuristics: the attack is not optimal, so the flip k is an upper
 bound on the true radius, not the radius; every reported flip is a real retrained
 neighbour (the datasets can be rebuilt with ``poisoned_dataset``).
 """
@@ -160,22 +163,50 @@ class _Attack:
         else:
             scales = [s * max(self.scale, 1.0) for s in _SCALES]
         pts = np.array([s * u for u in dirs for s in scales])
+        pt_scale = np.array([s for _ in dirs for s in scales])
         labels = np.arange(self.n_classes)
-        return np.repeat(pts, len(labels), 0), np.tile(labels, len(pts))
+        return (np.repeat(pts, len(labels), 0), np.tile(labels, len(pts)),
+                np.repeat(pt_scale, len(labels)))
 
-    def plan(self, xq: np.ndarray):
-        """(records ordered by their support of the query's margin, crafted x', crafted y')."""
+    def shortlist(self, xq: np.ndarray):
+        """(records ordered by their support of the query's margin, and per candidate scale
+        the crafted (x', y') that erodes the margin most to first order)."""
         xt_q = self.head.features(xq[None])[0]
         support = torch.zeros(self.ds.n_train, dtype=torch.float64)
-        cand_x, cand_y = self._candidates(xq)
+        cand_x, cand_y, cand_scale = self._candidates(xq)
         erosion = torch.zeros(len(cand_y), dtype=torch.float64)
         d = _margin_direction(self.thetas[1] @ xt_q, xt_q)
         for theta in self.thetas:
             support -= (self.head.grads(theta, self.ds.x_train, self.ds.y_train) * d).sum((1, 2))
             erosion += (self.head.grads(theta, cand_x, cand_y) * d).sum((1, 2))
-        best = int(torch.argmax(erosion))
         order = np.argsort(-support.numpy(), kind="stable")
-        return order, cand_x[best], int(cand_y[best])
+        picks = []
+        for scale in np.unique(cand_scale):
+            idx = np.flatnonzero(cand_scale == scale)
+            best = int(idx[int(torch.argmax(erosion[idx]))])
+            picks.append((cand_x[best], int(cand_y[best])))
+        return order, picks
+
+    def margin(self, params, xq: np.ndarray, cls: int) -> float:
+        """The served class's margin over the best other class (one logit: signed logit)."""
+        with torch.no_grad():
+            z, _ = self.net.forward_nominal({k: v.to(self.dtype) for k, v in params.items()},
+                                            torch.as_tensor(xq[None], dtype=self.dtype))
+        z = z[0].double()
+        if len(z) == 1:
+            return float(z[0]) if cls == 1 else -float(z[0])
+        others = torch.cat([z[:cls], z[cls + 1:]])
+        return float(z[cls] - others.max())
+
+    def plan(self, xq: np.ndarray, probe_k: int, cls: int):
+        """The shortlisted crafted record whose neighbour at ``probe_k`` retrains to the
+        smallest margin (first-order scores misjudge records far outside the data)."""
+        order, picks = self.shortlist(xq)
+        if len(picks) == 1:
+            return (order,) + picks[0], 0
+        margins = [self.margin(train_nominal(self.cfg, self.poisoned((order,) + p, probe_k)),
+                               xq, cls) for p in picks]
+        return (order,) + picks[int(np.argmin(margins))], len(picks)
 
     def poisoned(self, plan, k: int) -> Dataset:
         order, x_new, y_new = plan
@@ -186,14 +217,19 @@ class _Attack:
                        dict(self.ds.meta))
 
 
-def poisoned_dataset(cfg: TrainConfig, ds: Dataset, query, k: int) -> Dataset:
+def poisoned_dataset(cfg: TrainConfig, ds: Dataset, query, k: int, *,
+                     probe_k: int | None = None) -> Dataset:
     """The attack's neighbour of ``ds`` for one query: k training records replaced (n and
-    the batch order unchanged), so it lies at replace-one distance <= k."""
+    the batch order unchanged), so it lies at replace-one distance <= k. ``probe_k``: the
+    distance at which the shortlisted crafted records are compared by retraining (default
+    k; `flip_radius` compares them at the largest k of its grid)."""
     if not 0 <= int(k) <= ds.n_train:
         raise DataError(f"k = {k} must lie in 0..{ds.n_train} (the number of training records)")
     attack = _Attack(cfg, ds)
     xq = np.asarray(query, dtype=np.float64).reshape(-1)
-    return attack.poisoned(attack.plan(xq), int(k))
+    cls = int(attack.predict(attack.served, xq[None])[0])
+    plan, _ = attack.plan(xq, int(k if probe_k is None else probe_k), cls)
+    return attack.poisoned(plan, int(k))
 
 
 def flip_radius(cfg: TrainConfig, ds: Dataset, queries, k_values, *,
@@ -219,7 +255,8 @@ def flip_radius(cfg: TrainConfig, ds: Dataset, queries, k_values, *,
         from tqdm import tqdm
         rows = tqdm(rows, desc="attack", unit="query")
     for q in rows:
-        plan = attack.plan(xq_all[q])
+        plan, probes = attack.plan(xq_all[q], grid[-1], int(served[q]))
+        retrains += probes
 
         def flips(k: int) -> bool:
             nonlocal retrains

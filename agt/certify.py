@@ -68,8 +68,15 @@ class Certificate:
 
 class Certifier:
     def __init__(self, bundle: Bundle, device: str | torch.device = "cpu",
-                 served: dict[str, torch.Tensor] | torch.nn.Module | None = None):
+                 served: dict[str, torch.Tensor] | torch.nn.Module | None = None,
+                 trajectory=None):
+        """``trajectory``: an `agt.trajectory.TrajectoryBounds` of this bundle (linear heads;
+        needs the training data): a query is then also certified where its margin bound
+        along the training run certifies, and the certificate holds under replace-one."""
         self.bundle = bundle
+        if trajectory is not None and trajectory.bundle_id != bundle.bundle_id:
+            raise BundleError("the trajectory bounds were built for another bundle")
+        self.trajectory = trajectory
         self.device = torch.device(device)
         self.spec = bundle.spec
         self.dtype = torch_dtype(bundle.dtype)
@@ -135,6 +142,8 @@ class Certifier:
         ok = self._box_certified(feats, pred, j)
         if self.ball is not None:
             ok = ok | self._ball_certified(feats, pred, j)
+        if self.trajectory is not None:
+            ok = ok | self.trajectory.certified(feats.cpu(), pred.cpu(), j.cpu()).to(ok.device)
         return ok
 
     def _ball_certified(self, feats: torch.Tensor, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
@@ -284,9 +293,10 @@ class Certifier:
             kv = np.asarray(self.k_values, dtype=np.int64)
             max_k = np.where(idx >= 0, kv[np.clip(idx, 0, None)], -1).astype(np.int64)
         b = self.bundle
+        relations = ("replace-one",) if self.trajectory is not None else tuple(b.relations)
         return Certificate(pred.cpu().numpy(), max_k, idx, self.k_values,
                            self.contiguous, self.spec.n_classes, b.bundle_id,
-                           b.protected_dataset_sha256, tuple(b.relations), b.smooth_radii,
+                           b.protected_dataset_sha256, relations, b.smooth_radii,
                            b.selection)
 
 

@@ -95,6 +95,18 @@ class TrainResult:
     ball_radius: np.ndarray | None = None          # (K,) bound method "stability"
 
 
+@dataclass(frozen=True)
+class StepBounds:
+    """What the interval pass knows before update ``step``: its batch (record indices), the
+    rounded learning rate, and the boxes (K, ...) of every trainable parameter and of the
+    momentum buffer (None before the first sgdm step and for plain sgd) for every k."""
+    step: int
+    batch: np.ndarray
+    lr: float
+    theta: dict[str, Interval]
+    velocity: dict[str, Interval | None] | None
+
+
 def epoch_orders(n: int, n_epochs: int, seed: int) -> np.ndarray:
     orders = np.empty((n_epochs, n), dtype=np.int64)
     for e in range(n_epochs):
@@ -346,7 +358,8 @@ class _Trainer:
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, with_bounds: bool, progress: bool, ds_sha: str,
-            step_callback: Callable | None = None) -> TrainResult:
+            step_callback: Callable | None = None,
+            bounds_callback: Callable | None = None) -> TrainResult:
         t_start = time.perf_counter()
         cfg = self.cfg
         k_list = tuple(cfg.k_values) if with_bounds else (0,)
@@ -381,6 +394,8 @@ class _Trainer:
             use_thresholds = interval_pass and cfg.selection == "threshold"
             direction, stats = self.nominal_direction(
                 theta, idx, k_max=int(k_tensor.max()) if use_thresholds else 0)
+            if interval_pass and bounds_callback is not None:
+                bounds_callback(StepBounds(step, batch, lr, boxes, vboxes))
             if interval_pass:
                 d_boxes = self.descent_bounds(boxes, k_tensor, idx, shared=(step == 0), stats=stats)
                 new_boxes, new_v = {}, {}
@@ -498,13 +513,18 @@ def _check_contains(boxes: dict[str, Interval], theta: dict[str, torch.Tensor], 
 
 
 def train(cfg: TrainConfig, ds: Dataset, *, with_bounds: bool = True, progress: bool = False,
-          step_callback: Callable | None = None) -> TrainResult:
-    """Run AGT (nominal training + bounds for every k of ``cfg.k_values``)."""
+          step_callback: Callable | None = None,
+          bounds_callback: Callable | None = None) -> TrainResult:
+    """Run AGT (nominal training + bounds for every k of ``cfg.k_values``).
+
+    ``step_callback(step, theta, boxes)`` sees the nominal parameters and boxes after each
+    step; ``bounds_callback(StepBounds)`` the interval pass's boxes before each update
+    (agt/trajectory.py keeps them)."""
     validate_dataset(ds)
     _strict_float_math()
     device = resolve_device(cfg.device)
     trainer = _Trainer(cfg, ds, device)
-    return trainer.run(with_bounds, progress, ds.sha256(), step_callback)
+    return trainer.run(with_bounds, progress, ds.sha256(), step_callback, bounds_callback)
 
 
 def train_nominal(cfg: TrainConfig, ds: Dataset) -> dict[str, torch.Tensor]:

@@ -25,6 +25,11 @@ def add_parser(sub) -> None:
     c.add_argument("--plot", help="optional PNG/PDF/SVG: certified fraction vs k and radius "
                    "histogram")
     c.add_argument("--device", choices=("cpu", "cuda"))
+    c.add_argument("--trajectory", action="store_true",
+                   help="also certify by the margin bound along the training run (a linear "
+                   "head's bundle from bound_method interval or served-k0; re-runs training "
+                   "on the data its config names, relative paths from the working directory; "
+                   "the certificate then holds under replace-one)")
     c.set_defaults(func=run)
 
 
@@ -40,7 +45,11 @@ def run(args) -> int:
         check_output(args.plot, suffixes=PLOT_SUFFIXES, what="--plot")
     bundle = read_bundle(args.bounds)
     x, y = load_npz_queries(args.data, split=args.split)
-    cert = Certifier(bundle, device=args.device or "cpu").certify(x)
+    trajectory = None
+    if args.trajectory:
+        from agt.trajectory import TrajectoryBounds
+        trajectory = TrajectoryBounds.from_config_data(bundle, progress=True)
+    cert = Certifier(bundle, device=args.device or "cpu", trajectory=trajectory).certify(x)
     rows = [{"index": i, "prediction": int(cert.prediction[i]),
              "max_certified_k": int(cert.max_certified_k[i]),
              "smooth_radius": max(int(cert.radius[i]), 0)}
@@ -50,6 +59,7 @@ def run(args) -> int:
             {"owner_only": "radii and k* are functions of the private data; not a release",
              "bundle": str(args.bounds), "k_values": list(cert.k_values),
              "contiguous_grid": cert.contiguous, "smooth_radii": cert.smooth_radii,
+             "relations": list(cert.relations), "trajectory": bool(args.trajectory),
              "queries": rows}, indent=1)))
     else:
         def write_csv(p: Path) -> None:

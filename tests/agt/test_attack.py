@@ -108,7 +108,7 @@ def test_flips_are_real_retrained_neighbours():
     checked = 0
     for q in np.flatnonzero(flips.flip_k > 0)[:4]:
         k = int(flips.flip_k[q])
-        d2 = poisoned_dataset(cfg, ds, ds.x_test[q], k)
+        d2 = poisoned_dataset(cfg, ds, ds.x_test[q], k, probe_k=max(bundle.k_values))
         assert len(d2.y_train) == len(ds.y_train)
         changed = np.any(d2.x_train != ds.x_train, axis=1) | (d2.y_train != ds.y_train)
         assert 0 < changed.sum() <= k

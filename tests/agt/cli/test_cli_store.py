@@ -282,6 +282,24 @@ def test_certify_writes_rows_and_summary(trained, queries, blobs, tmp_path, caps
     assert f"wrote {out}" in stdout
 
 
+def test_certify_trajectory(trained, queries, blobs, tmp_path, capsys):
+    """--trajectory reloads the training data the bundle's config names and re-runs the
+    interval pass; rows match the library's certifier with TrajectoryBounds."""
+    from agt.trajectory import TrajectoryBounds
+    _, bundle = trained
+    out = tmp_path / "traj.json"
+    rc, stdout, err = run_cli(capsys, "certify", "--bounds", bundle, "--data", queries,
+                              "--out", out, "--trajectory")
+    assert rc == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["trajectory"] is True and doc["relations"] == ["replace-one"]
+    b = read_bundle(bundle)
+    cert = Certifier(b, trajectory=TrajectoryBounds(b, blobs)).certify(blobs.x_test)
+    assert [r["max_certified_k"] for r in doc["queries"]] == cert.max_certified_k.tolist()
+    box = Certifier(b).certify(blobs.x_test)
+    assert (cert.max_certified_k >= box.max_certified_k).all()
+
+
 def test_certify_unlabelled_queries(trained, blobs, tmp_path, capsys):
     _, bundle = trained
     q = tmp_path / "x.npz"
