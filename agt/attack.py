@@ -27,9 +27,9 @@ domain R of ``bound_method: stability``); per scale the one that erodes the marg
 the same two points is shortlisted, and of those the one whose neighbour at the largest k
 retrains to the smallest margin is used (first-order scores misjudge records far outside
 the data: their first step is large, and they stop pushing once fitted). Two points of the
-trajectory and one crafted record are heuristics: the attack is not optimal, so the flip k is an upper
-bound on the true radius, not the radius; every reported flip is a real retrained
-neighbour (the datasets can be rebuilt with ``poisoned_dataset``).
+trajectory and one crafted record are heuristics: the attack is not optimal, so the flip k
+is an upper bound on the true radius, not the radius; every reported flip is a real
+retrained neighbour (the datasets can be rebuilt with ``poisoned_dataset``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from agt.data import Dataset
 from agt.errors import ConfigError, DataError
 from agt.models import init_params
 from agt.tensors import predicted_classes, torch_dtype
-from agt.training import train_nominal
+from agt.training import load_pretrained, train_nominal
 
 #: how far inside the declared domain ||x|| <= R a crafted record is placed (the trainer
 #: checks the domain on the records' float values, so they must not land on its edge)
@@ -137,6 +137,8 @@ class _Attack:
         self.bias = len(self.spec.trainable_param_names()) == 2
         self.head = _Head(cfg, self.spec, self.bias)
         theta0 = init_params(self.spec, cfg.seed, self.dtype)
+        if cfg.pretrained:
+            theta0 = load_pretrained(cfg.pretrained, self.spec, theta0)
         self.served = train_nominal(cfg, ds)
         self.thetas = (_theta(theta0, self.spec), _theta(self.served, self.spec))
         self.n_classes = max(2, self.spec.n_logits)

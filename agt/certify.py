@@ -143,7 +143,8 @@ class Certifier:
         if self.ball is not None:
             ok = ok | self._ball_certified(feats, pred, j)
         if self.trajectory is not None:
-            ok = ok | self.trajectory.certified(feats.cpu(), pred.cpu(), j.cpu()).to(ok.device)
+            traj = self.trajectory.certified(feats.cpu(), pred.cpu(), j.cpu())
+            ok = ok | traj.to(ok.device)
         return ok
 
     def _ball_certified(self, feats: torch.Tensor, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:

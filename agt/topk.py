@@ -21,7 +21,10 @@ procedure that ends with the same multiset per parameter gives the same real-num
 its float64 sums carry the same a-priori rounding allowance (`rounding_allowance`: any
 summation order), and everything proven for the exact rule (soundness, and the nesting
 box(D', k-1) inside box(D, k) behind the smooth radius, a real-arithmetic statement) carries
-over unchanged. The path:
+over unchanged. The computed sums of two different multisets can break that real-number
+nesting by up to twice the allowance w (each lies within w of its real value), so the bound
+for k is widened by w (1 + 2k), not w: the computed bound for D' at k - 1 is then at least
+D's at k (every later operation of a step is isotone in its boxes). The path:
 
 * Merge lemma. For multisets A, B and k <= |A|: top_k(A u B) = top_k(top_k(A) u B) as
   multisets of values. (An element of A outside top_k(A) has k elements of A at least as
@@ -315,9 +318,13 @@ class DescentAccumulator:
         gam = clamp_limit(self.gamma, fm.nominal_dtype, self.dtype)
         lower = (sum_lo - top_lo - kf * gam) / b
         upper = (sum_hi - low_hi + kf * gam) / b
-        # the sums: all b values (blocked) and up to k_max selected ones, in any order
+        # the sums: all b values (blocked) and up to k_max selected ones, in any order; w
+        # also bounds how far each computed bound lies from its real-number value, so the
+        # extra 2 k w makes the *computed* boxes nest as the real ones do: D' at k - 1 is at
+        # most 2 w looser than D at k before it, and 2 w tighter after (module docstring)
         w = rounding_allowance(b, b + self.k_max + 8, gam, fm)
-        return Interval((lower - w).clamp_min(-gam), (upper + w).clamp_max(gam))
+        widen = w * (1.0 + 2.0 * kf)
+        return Interval((lower - widen).clamp_min(-gam), (upper + widen).clamp_max(gam))
 
     def _selected_sums(self, buffers: list, k: torch.Tensor, group: torch.Tensor,
                        largest: bool) -> torch.Tensor:

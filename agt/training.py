@@ -180,6 +180,7 @@ class _Trainer:
         self.net = Network.trainable(self.spec)
         self.prefix = Network.prefix(self.spec)
         x = torch.as_tensor(ds.x_train, dtype=self.dtype, device=device)
+        self.x_overflows = not bool(torch.isfinite(x).all())
         self.y = torch.as_tensor(ds.y_train, dtype=torch.int64, device=device)
         self.x_nominal, self.x_bounds = self._features(x)
         self.clip_floor = None
@@ -248,7 +249,11 @@ class _Trainer:
                 self.cfg.loss, clip_floor=floor)
             for name, src in sources.items():
                 for r0, r1 in self._row_chunks(src, len(fidx), 1):
-                    g = src.fn(r0, r1).clamp(-self.gamma, self.gamma)
+                    # a record far outside the data can overflow the logits (softmax of an
+                    # infinite logit is NaN): the clamp sends +-inf to +-gamma and a NaN
+                    # counts as 0, so every record's clamped gradient lies in [-gamma, gamma]
+                    # as the bounds assume (finite gradients are unchanged)
+                    g = src.fn(r0, r1).clamp(-self.gamma, self.gamma).nan_to_num_(nan=0.0)
                     sums[name][r0 * src.row_size:r1 * src.row_size] += g.to(torch.float64).sum(0)
                     if stats is not None and f0 == 0:
                         gt = g.T.unsqueeze(0)
@@ -365,6 +370,10 @@ class _Trainer:
         k_list = tuple(cfg.k_values) if with_bounds else (0,)
         k_tensor = torch.tensor(k_list, dtype=torch.int64, device=self.device)
         K = len(k_list)
+        if with_bounds and self.x_overflows:
+            raise DataError(f"some training features overflow {cfg.dtype} (|x| above "
+                            f"{torch.finfo(self.dtype).max:.3g}); rescale the data or train "
+                            "in float64")
         theta = {n: self.init[n].clone() for n in self.trainable}
         buf: dict[str, torch.Tensor | None] = {n: None for n in self.trainable}
         boxes = vboxes = None

@@ -41,9 +41,10 @@ from agt.certify import Certifier  # noqa: E402
 from agt.errors import ConfigError, DataError  # noqa: E402
 from agt.store import from_result  # noqa: E402
 from agt.training import train  # noqa: E402
+from agt.trajectory import TrajectoryBounds  # noqa: E402
 from bench_tightness import _ratio, domain_of, task_setup, with_method  # noqa: E402
 
-TASKS = ("imdb_head", "digits10_linear", "digits10_gd", "digits10_gd_centred",
+TASKS = ("imdb_head_fine", "digits10_linear", "digits10_gd", "digits10_gd_centred",
          "digits_bin_mb_linear", "digits10_sgd_centred")
 
 
@@ -54,7 +55,9 @@ def run(task: str, method: str, n_queries: int, max_k: int | None) -> dict:
     cfg = with_method(cfg, method, domain_of(task))
     x_q, y_q = ds.x_test[:n_queries], ds.y_test[:n_queries]
     t0 = time.perf_counter()
-    cert = Certifier(from_result(train(cfg, ds))).certify(x_q)
+    bundle = from_result(train(cfg, ds))
+    trajectory = TrajectoryBounds(bundle, ds) if method == "trajectory" else None
+    cert = Certifier(bundle, trajectory=trajectory).certify(x_q)
     t_cert = time.perf_counter() - t0
     top = int(max_k or max(cert.k_values))
     t0 = time.perf_counter()
@@ -76,7 +79,7 @@ def run(task: str, method: str, n_queries: int, max_k: int | None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default=",".join(TASKS))
-    ap.add_argument("--methods", default="interval,served-k0,stability-ball,stability-clip:2")
+    ap.add_argument("--methods", default="served-k0,trajectory,stability-ball,stability-clip:2")
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--max-k", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)

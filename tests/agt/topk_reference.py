@@ -79,8 +79,9 @@ class ReferenceDescentAccumulator:
         n_terms = b + self.k_max + 8
         w = (2.0 * gamma_n(n_terms, _U64) * n_terms / b + 2.0 * fm.unit_roundoff
              + 8 * _U64 + _sum_slack(fm)) * self.gamma + 2.0 * fm.absolute(1)
-        lower = (lower - w).clamp_min(-self.gamma)
-        upper = (upper + w).clamp_max(self.gamma)
+        # plus 2 k w: the computed boxes nest as the real-number ones (agt/topk.py)
+        lower = (lower - w * (1.0 + 2.0 * kf)).clamp_min(-self.gamma)
+        upper = (upper + w * (1.0 + 2.0 * kf)).clamp_max(self.gamma)
         return Interval(lower, upper)
 
     def _top_sums(self, buffer: torch.Tensor, k: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
