@@ -191,8 +191,6 @@ def with_method(cfg, method: str, norm: float = DIGITS_NORM):
 def run(name: str, method: str) -> dict:
     cfg, ds, ks, n_teachers = task_setup(name)
     cfg = with_method(cfg, method, domain_of(name))
-    if n_teachers and method == "trajectory":
-        raise ConfigError("the ensemble certifier does not take trajectory bounds")
     if n_teachers:
         from agt.ensemble import EnsembleCertifier, train_ensemble
         from mechanisms.ensemble import aggregate, ensemble_radius
@@ -200,7 +198,8 @@ def run(name: str, method: str) -> dict:
         ens = train_ensemble(cfg, ds, n_teachers)
         t_train = time.perf_counter() - t0
         t0 = time.perf_counter()
-        cert = EnsembleCertifier(ens).certify(ds.x_test)
+        cert = EnsembleCertifier(ens, training_data=ds if method == "trajectory" else None
+                                 ).certify(ds.x_test)
         t_cert = time.perf_counter() - t0
         votes = cert.teacher_predictions
         pred = aggregate(votes, 2)

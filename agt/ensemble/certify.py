@@ -44,9 +44,27 @@ class EnsembleCertificate:
 class EnsembleCertifier:
     """Certify queries against every teacher (agt/certify.py)."""
 
-    def __init__(self, ensemble: Ensemble, device: str = "cpu"):
+    def __init__(self, ensemble: Ensemble, device: str = "cpu", training_data=None):
+        """``training_data``: the ensemble's whole training split; every teacher (a linear
+        head from the interval pass) is then also certified by the margin bound along its
+        training run on its own part (agt/trajectory.py; teachers are replace-one only)."""
         self.ensemble = ensemble
-        self.certifiers = [Certifier(b, device=device) for b in ensemble.bundles]
+        trajectories = [None] * len(ensemble.bundles)
+        if training_data is not None:
+            trajectories = self._trajectories(training_data)
+        self.certifiers = [Certifier(b, device=device, trajectory=tr)
+                           for b, tr in zip(ensemble.bundles, trajectories)]
+
+    def _trajectories(self, ds) -> list:
+        from agt.errors import DataError
+        from agt.ensemble.partition import teacher_dataset
+        from agt.trajectory import TrajectoryBounds
+        if ds.sha256() != self.ensemble.manifest["dataset_sha256"]:
+            raise DataError("this dataset is not the ensemble's training split (its sha256 "
+                            "differs from the manifest's dataset_sha256)")
+        T = len(self.ensemble.bundles)
+        return [TrajectoryBounds(b, teacher_dataset(ds, t, T))
+                for t, b in enumerate(self.ensemble.bundles)]
 
     def predict_teachers(self, x) -> np.ndarray:
         """(Q, T) nominal votes (no certification)."""

@@ -17,6 +17,7 @@ import torch
 
 from agt.attack import flip_radius
 from agt.certify import Certifier
+from agt.config import config_from_dict
 from agt.errors import BundleError, ConfigError, DataError
 from agt.store import from_result
 from agt.trajectory import TrajectoryBounds
@@ -172,3 +173,26 @@ def test_memory_guard(monkeypatch):
     monkeypatch.setattr(trajectory_mod, "_MAX_KEPT", 100)
     with pytest.raises(ConfigError, match="fewer steps or k values"):
         TrajectoryBounds(bundle, ds)
+
+
+def test_ensemble_teachers_take_trajectory_bounds():
+    """Every teacher certified on its own part; never looser than the boxes; a teacher's
+    prediction certified at k survives the attack on that teacher's part."""
+    from agt.ensemble import EnsembleCertifier, train_ensemble
+    from agt.ensemble.partition import teacher_dataset
+    ds = blobs(600, seed=11)
+    cfg = config(LOGISTIC_CE, n_epochs=2, batch_size=50, clip_gamma=0.1, learning_rate=0.5,
+                 k_values="0..40", dtype="float32")
+    ens = train_ensemble(cfg, ds, 3)
+    box = EnsembleCertifier(ens).certify(ds.x_test[:Q])
+    traj = EnsembleCertifier(ens, training_data=ds).certify(ds.x_test[:Q])
+    assert np.array_equal(box.teacher_predictions, traj.teacher_predictions)
+    assert (traj.teacher_max_k >= box.teacher_max_k).all()
+    assert (traj.teacher_max_k > box.teacher_max_k).any()
+    part = teacher_dataset(ds, 0, 3)
+    teacher_cfg = config_from_dict(ens.bundles[0].config)
+    flips = flip_radius(teacher_cfg, part, ds.x_test[:Q], range(1, 41))
+    bad = (flips.flip_k > 0) & (traj.teacher_max_k[:, 0] >= flips.flip_k)
+    assert not bad.any()
+    with pytest.raises(DataError, match="ensemble's training split"):
+        EnsembleCertifier(ens, training_data=blobs(600, seed=12))
