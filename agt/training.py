@@ -183,6 +183,10 @@ class _Trainer:
         self.x_overflows = not bool(torch.isfinite(x).all())
         self.y = torch.as_tensor(ds.y_train, dtype=torch.int64, device=device)
         self.x_nominal, self.x_bounds = self._features(x)
+        xb = self.x_bounds
+        self.x_magnitude = float(torch.maximum(xb.lo.abs(), xb.hi.abs()).max()) \
+            if isinstance(xb, Interval) else float(xb.abs().max()) if xb.numel() else 0.0
+        self.x_overflows = self.x_overflows or not bool(torch.isfinite(self.x_nominal).all())
         self.clip_floor = None
         # per-sample arithmetic of the nominal rule: the training dtype, or float64 where
         # the stability radii charge float64's rounding for it (``compute64``, below; the
@@ -361,6 +365,44 @@ class _Trainer:
         shape = self.init[name].shape
         return flat.map(lambda t: t.reshape(t.shape[0], *shape))
 
+    def _overflow_guard(self, boxes: dict[str, Interval], vboxes: dict | None, lr: float) -> None:
+        """Refuse when the nominal dtype could overflow on a record of D for parameters in
+        the boxes. The bounds model rounding, not overflow: a kept record whose logit
+        overflows on a neighbour gets a NaN gradient (counted as 0) that its interval,
+        computed in float64, does not contain. Replaced records need no guard (their
+        clamped gradient is within [-gamma, gamma] whatever it is). A priori magnitudes,
+        every partial sum included: inputs |a| <= A, a layer of fan-in f gives
+        <= f |W| A + |b|; backwards the loss gradient is <= 1 per logit and a layer of
+        fan-out f' multiplies by f' |W|; the update's terms are <= |theta| + lr c (gamma +
+        l2 |theta|) + lr |v|. Each must stay below max(dtype) / 16."""
+        limit = torch.finfo(self.dtype).max / 16.0
+        mags = {n: float(torch.maximum(b.lo.abs(), b.hi.abs()).max()) for n, b in boxes.items()}
+        v_mag = max((float(torch.maximum(v.lo.abs(), v.hi.abs()).max())
+                     for v in (vboxes or {}).values() if v is not None), default=0.0)
+        act, fans, worst = self.x_magnitude, [], 0.0
+        for offset, layer in enumerate(self.net.layers):
+            if layer.kind not in ("linear", "conv2d"):
+                continue
+            gidx = self.net.first + offset
+            area = layer.kernel ** 2 if layer.kind == "conv2d" else 1
+            w = mags.get(f"{gidx}.weight", 0.0)
+            act = layer.in_features * area * w * act + mags.get(f"{gidx}.bias", 0.0)
+            fans.append(layer.out_features * area * w)
+            worst = max(worst, act)
+        delta = 1.0
+        for factor in reversed(fans[1:]):
+            delta *= factor
+            worst = max(worst, delta)
+        theta = max(mags.values(), default=0.0)
+        c = (1.0 + self.rule.momentum) if self.rule.optimizer == "sgdm" else 1.0
+        worst = max(worst, theta + lr * c * (self.gamma + self.rule.l2 * theta) + lr * v_mag)
+        if not worst <= limit:
+            raise DataError(f"the {self.cfg.dtype} training computation could overflow on a "
+                            f"dataset within the k grid (an intermediate of magnitude up to "
+                            f"{worst:.3g}; the bounds hold below {limit:.3g}): rescale the "
+                            "features, lower the learning rate or clip_gamma, or train in "
+                            "float64")
+
     # -- the loop ----------------------------------------------------------------------------
     def run(self, with_bounds: bool, progress: bool, ds_sha: str,
             step_callback: Callable | None = None,
@@ -406,6 +448,7 @@ class _Trainer:
             if interval_pass and bounds_callback is not None:
                 bounds_callback(StepBounds(step, batch, lr, boxes, vboxes))
             if interval_pass:
+                self._overflow_guard(boxes, vboxes, lr)
                 d_boxes = self.descent_bounds(boxes, k_tensor, idx, shared=(step == 0), stats=stats)
                 new_boxes, new_v = {}, {}
                 for n in self.trainable:
@@ -420,6 +463,8 @@ class _Trainer:
             if step_callback is not None:
                 step_callback(step, theta, boxes)
         bar.close()
+        if interval_pass:
+            self._overflow_guard(boxes, vboxes, 0.0)
         nominal = {k: v.clone() for k, v in self.init.items()}
         nominal.update(theta)
         lower = upper = ball = None

@@ -510,3 +510,24 @@ def test_computed_boxes_nest_on_neighbours_at_every_step(dtype):
                 a, b = s1.theta[name], s2.theta[name]
                 assert bool((b.lo[:-1] >= a.lo[1:]).all() and (b.hi[:-1] <= a.hi[1:]).all()), \
                     f"trial {trial}, step {s1.step}, {name}: box(D', k - 1) leaves box(D, k)"
+
+
+@pytest.mark.parametrize("case", ["kept-record-logits", "update"])
+def test_training_that_could_overflow_the_dtype_is_refused(case):
+    """The bounds model rounding, not overflow (an adversarial review: twenty records with a
+    finite float32 feature of 1.9e38 stayed finite on D, but on a one-label neighbour their
+    logits overflowed, their NaN gradients counted as 0 where the float64 interval said
+    +-gamma, and the neighbour left the k = 1 box). Training refuses when any intermediate
+    could come near the dtype's largest value; ordinary data trains as before."""
+    ds = blobs(200, seed=13)
+    x = ds.x_train.copy()
+    kw = dict(n_epochs=2, clip_gamma=0.1, learning_rate=10.0, lr_decay=0.0,
+              k_values=[0, 1, 2], dtype="float32")
+    if case == "kept-record-logits":
+        x[:20] = 0.0
+        x[:20, 0] = 1.9e38
+    else:
+        kw.update(learning_rate=1e30, clip_gamma=1e10)
+    with pytest.raises(DataError, match="could overflow"):
+        train(config(LOGISTIC_CE, **kw), with_train(ds, x, ds.y_train.copy()))
+    train(config(LOGISTIC_CE, **{**kw, "learning_rate": 1.0, "clip_gamma": 0.1}), ds)
