@@ -38,7 +38,7 @@ def make_generator(seed: int | None = None) -> np.random.Generator:
 def laplace_flip_probability(scale: ArrayLike | float) -> NDArray[np.float64]:
     """P(Laplace(0, s) > 1/2) = 0.5 * exp(-1 / (2 s)); 0 for s = 0."""
     s = np.asarray(scale, dtype=np.float64)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):     # tiny s: exp(-inf) = 0, as meant
         return 0.5 * np.exp(-1.0 / (2.0 * s))
 
 
