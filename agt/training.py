@@ -180,13 +180,13 @@ class _Trainer:
         self.net = Network.trainable(self.spec)
         self.prefix = Network.prefix(self.spec)
         x = torch.as_tensor(ds.x_train, dtype=self.dtype, device=device)
-        self.x_overflows = not bool(torch.isfinite(x).all())
         self.y = torch.as_tensor(ds.y_train, dtype=torch.int64, device=device)
         self.x_nominal, self.x_bounds = self._features(x)
         xb = self.x_bounds
         self.x_magnitude = float(torch.maximum(xb.lo.abs(), xb.hi.abs()).max()) \
             if isinstance(xb, Interval) else float(xb.abs().max()) if xb.numel() else 0.0
-        self.x_overflows = self.x_overflows or not bool(torch.isfinite(self.x_nominal).all())
+        self.x_overflows = not (bool(torch.isfinite(x).all())
+                                and bool(torch.isfinite(self.x_nominal).all()))
         self.clip_floor = None
         # per-sample arithmetic of the nominal rule: the training dtype, or float64 where
         # the stability radii charge float64's rounding for it (``compute64``, below; the

@@ -24,7 +24,7 @@ from agt.training import train, train_nominal
 from tests.agt.test_stability import ball_data, head
 from tests.helpers import LOGISTIC, LOGISTIC_CE, MLP, blobs, classes, config, logits
 
-Q = 30
+Q = 40
 
 
 def _settings():
@@ -33,12 +33,20 @@ def _settings():
     ball2 = ball_data(300, 40, 5, 2, seed=2)
     return {
         "interval-ce-1-step": (config(LOGISTIC_CE, n_epochs=1, clip_gamma=0.1, learning_rate=1.0,
-                                      k_values="0..80"), ds),
+                                      k_values="0..120"), ds),
         "interval-bce-1-step": (config(LOGISTIC, "binary_cross_entropy", n_epochs=1,
-                                       clip_gamma=0.1, learning_rate=1.0, k_values="0..80"), ds),
+                                       clip_gamma=0.1, learning_rate=1.0, k_values="0..120"), ds),
         "interval-ce-3-steps-f32": (config(LOGISTIC_CE, n_epochs=3, clip_gamma=0.1,
                                            learning_rate=1.0, k_values="0..80",
                                            dtype="float32"), ds),
+        "interval-sgdm-l2-f32": (config(LOGISTIC_CE, n_epochs=3, clip_gamma=0.1,
+                                        learning_rate=0.5, k_values="0..80", optimizer="sgdm",
+                                        momentum=0.9, dampening=0.3, l2_reg=0.01,
+                                        dtype="float32"), ds),
+        "interval-nesterov-minibatch": (config(LOGISTIC, "binary_cross_entropy", n_epochs=2,
+                                               batch_size=100, clip_gamma=0.1,
+                                               learning_rate=0.3, optimizer="sgdm", momentum=0.5,
+                                               nesterov=True, k_values="0..60"), ds),
         "served-k0-minibatch-f32": (config(LOGISTIC_CE, n_epochs=2, batch_size=100,
                                            clip_gamma=0.1, learning_rate=0.5, k_values="0..80",
                                            bound_method="served-k0", dtype="float32"), ds),
@@ -74,6 +82,8 @@ _CACHE: dict = {}
 
 
 def attacked(name: str):
+    """(cfg, ds, bundle, the box / ball certificate, attack flips) of a setting, computed once
+    for this module and tests/agt/test_trajectory.py."""
     if name not in _CACHE:
         cfg, ds = SETTINGS[name]
         bundle = from_result(train(cfg, ds))

@@ -24,52 +24,26 @@ from agt.trajectory import TrajectoryBounds
 from agt.training import train, train_nominal
 import agt.trajectory as trajectory_mod
 
+from tests.agt.test_attack import Q, SETTINGS as ATTACK_SETTINGS, attacked
 from tests.agt.test_stability import ball_data, head
 from tests.agt.test_training import perturb, targeted
-from tests.helpers import LOGISTIC, LOGISTIC_CE, MLP, blobs, classes, config, logits
+from tests.helpers import LOGISTIC_CE, MLP, blobs, classes, config, logits
 
-Q = 40
-
-
-def _settings():
-    ds = blobs(300, seed=3)
-    return {
-        "ce-1-step": (config(LOGISTIC_CE, n_epochs=1, clip_gamma=0.1, learning_rate=1.0,
-                             k_values="0..120"), ds),
-        "bce-1-step": (config(LOGISTIC, "binary_cross_entropy", n_epochs=1, clip_gamma=0.1,
-                              learning_rate=1.0, k_values="0..120"), ds),
-        "ce-3-steps-f32": (config(LOGISTIC_CE, n_epochs=3, clip_gamma=0.1, learning_rate=1.0,
-                                  k_values="0..80", dtype="float32"), ds),
-        "sgdm-l2-f32": (config(LOGISTIC_CE, n_epochs=3, clip_gamma=0.1, learning_rate=0.5,
-                               k_values="0..80", optimizer="sgdm", momentum=0.9,
-                               dampening=0.3, l2_reg=0.01, dtype="float32"), ds),
-        "nesterov-minibatch": (config(LOGISTIC, "binary_cross_entropy", n_epochs=2,
-                                      batch_size=100, clip_gamma=0.1, learning_rate=0.3,
-                                      optimizer="sgdm", momentum=0.5, nesterov=True,
-                                      k_values="0..60"), ds),
-        "served-k0-minibatch-f32": (config(LOGISTIC_CE, n_epochs=2, batch_size=100,
-                                           clip_gamma=0.1, learning_rate=0.5, k_values="0..80",
-                                           bound_method="served-k0", dtype="float32"), ds),
-    }
-
-
-SETTINGS = _settings()
+#: the linear-head settings of the attack tests whose bundles come from an interval pass
+SETTINGS = [name for name in ATTACK_SETTINGS if not name.startswith("stability")]
 _CACHE: dict = {}
 
 
 def certified(name: str):
     """(cfg, ds, bundle, box certificate, trajectory certificate, attack flips)."""
     if name not in _CACHE:
-        cfg, ds = SETTINGS[name]
-        bundle = from_result(train(cfg, ds))
-        box = Certifier(bundle).certify(ds.x_test[:Q])
+        cfg, ds, bundle, box, flips = attacked(name)
         traj = Certifier(bundle, trajectory=TrajectoryBounds(bundle, ds)).certify(ds.x_test[:Q])
-        flips = flip_radius(cfg, ds, ds.x_test[:Q], range(1, max(bundle.k_values) + 1))
         _CACHE[name] = (cfg, ds, bundle, box, traj, flips)
     return _CACHE[name]
 
 
-@pytest.mark.parametrize("name", list(SETTINGS))
+@pytest.mark.parametrize("name", SETTINGS)
 def test_attack_never_flips_a_certified_prediction(name):
     cfg, ds, bundle, box, traj, flips = certified(name)
     assert np.array_equal(traj.prediction, flips.prediction)
@@ -78,7 +52,7 @@ def test_attack_never_flips_a_certified_prediction(name):
     assert not bad.any(), f"{int(bad.sum())} queries certified at or beyond an attack flip"
 
 
-@pytest.mark.parametrize("name", list(SETTINGS))
+@pytest.mark.parametrize("name", SETTINGS)
 def test_never_looser_than_the_boxes(name):
     cfg, ds, bundle, box, traj, flips = certified(name)
     assert np.array_equal(box.prediction, traj.prediction)
@@ -93,7 +67,7 @@ def test_tighter_where_the_boxes_wrap():
     assert np.median(traj.max_certified_k) >= 2 * (np.median(box.max_certified_k) + 1)
 
 
-@pytest.mark.parametrize("name", ["ce-3-steps-f32", "sgdm-l2-f32", "nesterov-minibatch"])
+@pytest.mark.parametrize("name", ["interval-ce-3-steps-f32", "interval-sgdm-l2-f32", "interval-nesterov-minibatch"])
 def test_retrained_neighbours_keep_certified_predictions(name):
     cfg, ds, bundle, box, traj, flips = certified(name)
     dtype = torch.float32 if cfg.dtype == "float32" else torch.float64
@@ -109,9 +83,9 @@ def test_retrained_neighbours_keep_certified_predictions(name):
     assert trials == 16
 
 
-@pytest.mark.parametrize("name,kind", [("ce-3-steps-f32", "random"), ("ce-3-steps-f32", "flip"),
+@pytest.mark.parametrize("name,kind", [("interval-ce-3-steps-f32", "random"), ("interval-ce-3-steps-f32", "flip"),
                                        ("served-k0-minibatch-f32", "adversarial"),
-                                       ("nesterov-minibatch", "random")])
+                                       ("interval-nesterov-minibatch", "random")])
 def test_radii_of_neighbours_differ_by_at_most_one(name, kind):
     cfg, ds, bundle, box, traj, flips = certified(name)
     rng = np.random.default_rng(6)
@@ -134,7 +108,7 @@ class _Weakened(TrajectoryBounds):
         return super()._selected(P, max(0, k - self.fewer_selected))
 
 
-@pytest.mark.parametrize("name", ["ce-1-step", "bce-1-step"])
+@pytest.mark.parametrize("name", ["interval-ce-1-step", "interval-bce-1-step"])
 @pytest.mark.parametrize("change", [{"replaced_factor": 0.9}, {"fewer_selected": 1}])
 def test_weakened_bounds_are_caught(name, change):
     """After one full-batch step the bound is nearly exact: the attack's neighbours reach
@@ -168,7 +142,7 @@ def test_refusals():
 
 
 def test_memory_guard(monkeypatch):
-    cfg, ds = SETTINGS["ce-1-step"]
+    cfg, ds = ATTACK_SETTINGS["interval-ce-1-step"]
     bundle = from_result(train(cfg, ds))
     monkeypatch.setattr(trajectory_mod, "_MAX_KEPT", 100)
     with pytest.raises(ConfigError, match="fewer steps or k values"):
