@@ -23,8 +23,10 @@ summation order), and everything proven for the exact rule (soundness, and the n
 box(D', k-1) inside box(D, k) behind the smooth radius, a real-arithmetic statement) carries
 over unchanged. The computed sums of two different multisets can break that real-number
 nesting by up to twice the allowance w (each lies within w of its real value), so the bound
-for k is widened by w (1 + 2k), not w: the computed bound for D' at k - 1 is then at least
-D's at k (every later operation of a step is isotone in its boxes). The path:
+for k is widened by w_k (1 + 2k), not w: the computed bound for D' at k - 1 is then at least
+D's at k (every later operation of a step is isotone in its boxes). This needs
+w_{k-1}(D') <= w_k(D); under add-remove D' has one record more or fewer, so w_k is the
+allowance of the worst batch size within distance k (`nesting_allowance`). The path:
 
 * Merge lemma. For multisets A, B and k <= |A|: top_k(A u B) = top_k(top_k(A) u B) as
   multisets of values. (An element of A outside top_k(A) has k elements of A at least as
@@ -112,6 +114,24 @@ def rounding_allowance(b: int, n_terms: int, gamma: float, fm: FloatModel) -> fl
     dtype), the blocked compute-dtype partial sums, and per-product underflow."""
     return ((2.0 * gamma_n(n_terms, _U64) * n_terms / b + 2.0 * fm.unit_roundoff
              + 8 * _U64 + _sum_slack(fm)) * gamma + 2.0 * fm.absolute(1))
+
+
+def nesting_allowance(b: int, k: torch.Tensor, k_max: int, gamma: float,
+                      fm: FloatModel) -> torch.Tensor:
+    """Per distance k (int tensor (M,)): the `rounding_allowance` of a descent bound of *any*
+    batch size b'' in [b - k, b + k] summing at most b'' + k_max + 8 terms (all values,
+    blocked, and up to k_max selected ones).
+
+    The allowance decreases with the divisor and grows with the number of terms, so it is
+    largest at b'' = b - k and b + k + k_max + 8 terms. For an add-remove neighbour D'
+    (batch size b +- 1) the range of D' at k - 1 lies inside D's at k, hence
+    w_{k-1}(D') <= w_k(D): the nesting argument of the module docstring needs exactly this
+    (with w evaluated at each dataset's own b, w(D') exceeded w(D) by ~2e-17 gamma when D'
+    had one record more). For replace-one (b fixed) it is only the larger allowance."""
+    out = torch.empty(k.shape[0], dtype=BOUND_DTYPE)
+    for m, kk in enumerate(k.tolist()):
+        out[m] = rounding_allowance(max(1, b - kk), b + kk + k_max + 8, gamma, fm)
+    return out
 
 
 #: CPU selections through numpy (SIMD introselect/sort); False: torch everywhere. Both give the
@@ -318,11 +338,12 @@ class DescentAccumulator:
         gam = clamp_limit(self.gamma, fm.nominal_dtype, self.dtype)
         lower = (sum_lo - top_lo - kf * gam) / b
         upper = (sum_hi - low_hi + kf * gam) / b
-        # the sums: all b values (blocked) and up to k_max selected ones, in any order; w
-        # also bounds how far each computed bound lies from its real-number value, so the
-        # extra 2 k w makes the *computed* boxes nest as the real ones do: D' at k - 1 is at
-        # most 2 w looser than D at k before it, and 2 w tighter after (module docstring)
-        w = rounding_allowance(b, b + self.k_max + 8, gam, fm)
+        # w_k also bounds how far each computed bound lies from its real-number value, so the
+        # extra 2 k w_k makes the *computed* boxes nest as the real ones do: D' at k - 1 is
+        # at most 2 w_k looser than D at k before it, and 2 w_k tighter after (module
+        # docstring); w_k covers every batch size within distance k, so D' (add-remove: one
+        # record more or fewer) never carries a larger allowance at k - 1 than D at k
+        w = nesting_allowance(b, k, self.k_max, gam, fm).to(device)[:, None]
         widen = w * (1.0 + 2.0 * kf)
         return Interval((lower - widen).clamp_min(-gam), (upper + widen).clamp_max(gam))
 

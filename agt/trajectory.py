@@ -72,6 +72,7 @@ from agt.store import Bundle
 from agt.tensors import torch_dtype
 from agt.topk import clamp_limit, rounding_allowance
 from agt.training import StepBounds, train
+from agt.version import __version__
 
 _U64 = 2.0 ** -53
 #: float64 values kept: steps x k values x parameters x 4 (theta and buffer boxes)
@@ -135,9 +136,13 @@ class TrajectoryBounds:
                 same = same and torch.equal(res.lower[name].cpu(), bundle.lower[name].cpu()) \
                     and torch.equal(res.upper[name].cpu(), bundle.upper[name].cpu())
             if not same:
+                cause = ("another torch build or thread count?"
+                         if bundle.agt_version == __version__ else
+                         f"the bundle was made by agt {bundle.agt_version}, this is "
+                         f"{__version__}: retrain it")
                 raise BundleError(f"re-running the training did not reproduce the bundle's "
-                                  f"'{name}' (another torch build or thread count?); the "
-                                  "trajectory certificate needs the run that made the bundle")
+                                  f"'{name}' ({cause}); the trajectory certificate needs "
+                                  "the run that made the bundle")
         self.gamma = float(cfg.clip_gamma)
         self.gam = clamp_limit(self.gamma, self.dtype)
         self.loss = cfg.loss

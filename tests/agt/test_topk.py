@@ -14,7 +14,8 @@ import torch
 import agt.topk as topk_mod
 from agt.errors import SoundnessError
 from agt.interval import FloatModel, Interval
-from agt.topk import DescentAccumulator, clamp_limit, kth_values, rounding_allowance, select
+from agt.topk import (DescentAccumulator, clamp_limit, kth_values, nesting_allowance,
+                      rounding_allowance, select)
 
 from tests.agt.topk_reference import ReferenceDescentAccumulator
 
@@ -71,13 +72,14 @@ def naive(lo, hi, k):
 
 def check_against_naive(res: Interval, lo, hi, ks, groups, fm):
     """Sound (encloses the exactly rounded naive bound) and as tight as exact: within the
-    documented widening w (1 + 2k) plus the rounding it covers (at most w)."""
+    documented widening w_k (1 + 2k) plus the rounding it covers (at most w_k)."""
     b = lo.shape[-1]
     for m, (k, g) in enumerate(zip(ks, groups)):
         nl, nu = naive(lo[g], hi[g], k)
         got_l, got_u = res.lo[m].numpy(), res.hi[m].numpy()
         assert np.all(got_l <= nl) and np.all(got_u >= nu), f"unsound at k={k}"
-        w = rounding_allowance(b, b + max(ks) + 8, clamp_limit(GAMMA, lo.dtype), fm)
+        w = float(nesting_allowance(b, torch.tensor([k]), max(ks), clamp_limit(GAMMA, lo.dtype),
+                                    fm)[0])
         slack = (2 + 2 * k) * w
         np.testing.assert_allclose(got_l, nl, rtol=0, atol=slack, err_msg=f"loose at k={k}")
         np.testing.assert_allclose(got_u, nu, rtol=0, atol=slack, err_msg=f"loose at k={k}")
@@ -407,3 +409,30 @@ def test_falsification_catches_an_off_by_one_selection(monkeypatch):
             v = p[name].double()
             escaped += int(((v < res.lower[name][2]) | (v > res.upper[name][2])).sum())
     assert escaped > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nesting_allowance_covers_every_neighbour_batch_size(dtype):
+    """The computed boxes nest only if D' at k - 1 carries no larger allowance than D at k.
+    Under add-remove D' has b +- 1 records, and the allowance at a dataset's own b grew with
+    b (a review: by ~2e-17 gamma per record); w_k covers every batch size within distance
+    k, so w_{k-1}(b +- 1) <= w_k(b), and it is never below the allowance the sums need."""
+    fm = FloatModel(dtype)
+    for b in (2, 3, 10, 53, 1400, 25_000, 10**6):
+        for k_max in (1, 7, b - 1):
+            if not 1 <= k_max < b:
+                continue
+            ks = torch.tensor(sorted({0, 1, 2, k_max // 2, k_max - 1, k_max}))
+            w = nesting_allowance(b, ks, k_max, GAMMA, fm)
+            for m, k in enumerate(ks.tolist()):
+                own = rounding_allowance(b, b + k_max + 8, GAMMA, fm)
+                assert float(w[m]) >= own, (b, k)
+                if k == 0:
+                    continue
+                for b2 in (b - 1, b + 1):
+                    w2 = float(nesting_allowance(b2, torch.tensor([k - 1]), k_max, GAMMA, fm)[0])
+                    assert w2 <= float(w[m]), (b, b2, k)
+    # what the per-b allowance got wrong: one record more, one k less, a larger allowance
+    b, k_max = 25_000, 200
+    assert (rounding_allowance(b + 1, b + 1 + k_max + 8, GAMMA, FloatModel(torch.float64))
+            > rounding_allowance(b, b + k_max + 8, GAMMA, FloatModel(torch.float64)))

@@ -486,23 +486,29 @@ def test_computed_boxes_nest_on_neighbours_at_every_step(dtype):
     """box_t(D', k - 1) inside box_t(D, k) for the *computed* boxes, every step: the real
     numbers nest, the float sums of two different multisets did not (an adversarial review
     measured 2.2e-8 of a coordinate after one float32 step), until each bound for k carried
-    the extra 2 k w of agt/topk.py."""
+    the extra 2 k w_k of agt/topk.py; the bundle certifies add-remove, so the neighbours
+    include one record fewer and one more."""
     ds = blobs(200, seed=3)
     cfg = config(LOGISTIC_CE, n_epochs=3, clip_gamma=0.1, learning_rate=1.0,
                  k_values="0..30", dtype=dtype)
     kept = []
-    train(cfg, ds, bounds_callback=kept.append)
+    assert ADD_REMOVE in train(cfg, ds, bounds_callback=kept.append).relations
     rng = np.random.default_rng(0)
-    for trial in range(9):
+    for trial in range(15):
         x2, y2 = ds.x_train.copy(), ds.y_train.copy()
         i0 = int(rng.integers(len(y2)))
-        if trial % 3 == 0:
+        if trial % 5 == 0:
             y2[i0] = 1 - y2[i0]
-        elif trial % 3 == 1:
+        elif trial % 5 == 1:
             x2[i0] = rng.choice([-1, 1]) * 50 * np.abs(rng.normal(size=x2.shape[1]) + 1)
             y2[i0] = rng.integers(2)
-        else:
+        elif trial % 5 == 2:
             x2[i0] = x2[int(rng.integers(len(y2)))]
+        elif trial % 5 == 3:   # add-remove (one batch): one record fewer
+            x2, y2 = np.delete(x2, i0, axis=0), np.delete(y2, i0)
+        else:                  # and one record more
+            x2 = np.concatenate([x2, rng.normal(size=(1, x2.shape[1])) * 3])
+            y2 = np.append(y2, rng.integers(2))
         kept2 = []
         train(cfg, with_train(ds, x2, y2), bounds_callback=kept2.append)
         for s1, s2 in zip(kept, kept2):

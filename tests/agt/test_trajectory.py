@@ -135,6 +135,8 @@ def test_refusals():
     shifted = {n: v + 1e-3 for n, v in lin.nominal.items()}
     with pytest.raises(BundleError, match="did not reproduce"):
         TrajectoryBounds(dataclasses.replace(lin, nominal=shifted), ds)
+    with pytest.raises(BundleError, match="made by agt 0.0.1, this is .*: retrain it"):
+        TrajectoryBounds(dataclasses.replace(lin, nominal=shifted, agt_version="0.0.1"), ds)
     sds = ball_data(100, 10, 3, 2, seed=1)
     stab = from_result(train(head(3, 2, k_values=[0, 1]), sds))
     with pytest.raises(ConfigError, match="interval pass"):

@@ -1,6 +1,7 @@
 """The exact top-k rule as it was before issue 11 (torch.topk merges, a cat per fragment,
-one buffer of the group's largest k for every box): kept verbatim as a test oracle for
-agt/topk.py. Not used by the package."""
+one buffer of the group's largest k for every box): kept as a test oracle for agt/topk.py
+(only its rounding allowance follows the package's: per k since 0.3.2). Not used by the
+package."""
 
 from __future__ import annotations
 
@@ -75,10 +76,13 @@ class ReferenceDescentAccumulator:
         lower = (sum_lo - top_lo - kf * self.gamma) / b
         upper = (sum_hi + top_neg_hi + kf * self.gamma) / b
         # float64 rounding of the sums (|values| <= gamma), the nominal mean (accumulated in
-        # float64, rounded once to the training dtype) and per-product underflow.
-        n_terms = b + self.k_max + 8
-        w = (2.0 * gamma_n(n_terms, _U64) * n_terms / b + 2.0 * fm.unit_roundoff
-             + 8 * _U64 + _sum_slack(fm)) * self.gamma + 2.0 * fm.absolute(1)
+        # float64, rounded once to the training dtype) and per-product underflow, for the
+        # worst batch size within distance k (b - k .. b + k records: add-remove)
+        w = torch.tensor([[(2.0 * gamma_n(b + kk + self.k_max + 8, _U64)
+                            * (b + kk + self.k_max + 8) / max(1, b - kk)
+                            + 2.0 * fm.unit_roundoff + 8 * _U64 + _sum_slack(fm)) * self.gamma
+                           + 2.0 * fm.absolute(1)] for kk in k.tolist()],
+                         dtype=BOUND_DTYPE, device=device)
         # plus 2 k w: the computed boxes nest as the real-number ones (agt/topk.py)
         lower = (lower - w * (1.0 + 2.0 * kf)).clamp_min(-self.gamma)
         upper = (upper + w * (1.0 + 2.0 * kf)).clamp_max(self.gamma)
