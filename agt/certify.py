@@ -93,10 +93,14 @@ class Certifier:
         self.body = Network(body_layers[:-1], self.spec.frozen_layers)
         self.last = len(self.spec.layers) - 1
         self.full = Network(self.spec.layers, 0)
+        self.trainable_net = Network.trainable(self.spec)
         self.n_logits = self.spec.n_logits
         self.trainable = self.spec.trainable_param_names()
         self.lower = {n: bundle.lower[n].to(self.device) for n in self.trainable}
         self.upper = {n: bundle.upper[n].to(self.device) for n in self.trainable}
+        #: per box (K,): the largest |parameter| of each trainable tensor in it
+        self.box_magnitude = {n: torch.maximum(self.lower[n].abs(), self.upper[n].abs())
+                              .flatten(1).amax(1).to(BOUND_DTYPE) for n in self.trainable}
         self.ball = None
         if bundle.ball_radius is not None:
             if len(self.spec.layers) != 1 or self.spec.frozen_layers:
@@ -145,7 +149,25 @@ class Certifier:
         if self.trajectory is not None:
             traj = self.trajectory.certified(feats.cpu(), pred.cpu(), j.cpu())
             ok = ok | traj.to(ok.device)
-        return ok
+        return ok & self._fits_dtype(feats, j)
+
+    def _fits_dtype(self, feats, j: torch.Tensor) -> torch.Tensor:
+        """Whether the served computation of query q cannot overflow its dtype for any
+        parameters in box j[q]. Every test above models rounding, not overflow: two logits
+        that both overflow to inf make argmax pick the lower index whatever the margin (an
+        adversarial review flipped a float32 query certified at k = 1 this way). The box
+        encloses every neighbour's parameters for each method (the ball's boxes enclose the
+        ball, the trajectory's neighbours lie in the interval boxes), so the a-priori
+        magnitudes of the forward pass over the box (`Network.forward_magnitudes`, every
+        partial sum included) must stay below max(dtype) / 16, as in training."""
+        if isinstance(feats, Interval):
+            x_mag = torch.maximum(feats.lo[0].abs(), feats.hi[0].abs())
+        else:
+            x_mag = feats.abs()
+        x_mag = x_mag.flatten(1).amax(1)
+        mags = {n: m[j] for n, m in self.box_magnitude.items()}
+        worst, _ = self.trainable_net.forward_magnitudes(mags, x_mag.to(BOUND_DTYPE))
+        return worst <= torch.finfo(self.dtype).max / 16.0
 
     def _ball_certified(self, feats: torch.Tensor, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Whether every parameter theta with ||theta - c||_F <= rho_j (c the served linear

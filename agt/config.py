@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from agt.errors import ConfigError, Problems
@@ -279,6 +280,11 @@ def config_from_dict(raw: Any) -> TrainConfig:
     seed = r.integer("seed", 0, 0, MAX_SEED)
     device = r.choice("device", "auto", DEVICES)
     dtype = r.choice("dtype", "float64", DTYPES)
+    dtype_max = float(np.finfo(dtype).max)
+    for key, value in (("learning_rate", lr), ("clip_gamma", gamma_)):
+        if value > dtype_max / 16:
+            problems.add(f"{key} = {value:g} is beyond what {dtype} arithmetic can train with "
+                         f"(above max({dtype}) / 16 = {dtype_max / 16:.3g}); lower it")
     selection = r.choice("selection", "exact", SELECTIONS)
     bound_method = r.choice("bound_method", DEFAULT_BOUND_METHOD, BOUND_METHODS)
     norm_bound = r.optional_number("input_norm_bound", low=0.0, low_open=True)

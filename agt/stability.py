@@ -281,8 +281,8 @@ class StabilityProblem:
         value, which lies inside [-gamma, gamma]); float64 sum of b, division by b, cast:
         (gamma64_b + u64 + u) M, M = (G + ||dg||) R~ (1 + u); with ``clip_norm`` C the
         clipped gradient's ||dg|| <= h ||dz|| + sqrt(C) (2 tau + 2 eps_a + 2 u) and
-        M = (min(G R~, C) + ||dg|| R~)(1 + u) (module docstring); update theta - lr (d + l2
-        theta): u (l2 N + ||d + l2 theta||) lr + u lr ||.|| + u (N + lr ||.||). With
+        M = (min(G R~, C) + ||dg|| R~)(1 + u) (module docstring), and sqrt(P) (abs + abs_c)
+        for underflow of the products and of the cast; update theta - lr (d + l2 theta): u (l2 N + ||d + l2 theta||) lr + u lr ||.|| + u (N + lr ||.||). With
         ``compute64`` everything before the cast of the mean runs in float64 (coeff, abs,
         tau and the product and logit-gradient roundings at float64's u), the cast and the
         update in the dtype."""
@@ -306,7 +306,12 @@ class StabilityProblem:
             dg = self.h * dz + math.sqrt(C) * (2.0 * tau + 2.0 * eps_a + 2.0 * uc)
             per_record = (min(self.grad_bound * r, self.clip_norm) + dg * r) * (1.0 + uc)
         d_rec = dg * r + uc * per_record
-        d_mean = d_rec + (gamma(int(batch_size) + 2, _U64) + _U64 + u) * per_record * (1.0 + 2 * u)
+        # plus absolute terms: per-sample products and the cast of the mean may underflow
+        # (an error up to half a subnormal step per entry that no relative term covers; an
+        # adversarial review's subnormal domain with lr 1e38 left the ball by 2.5x when
+        # this was charged outside the lr factor only)
+        d_mean = d_rec + (gamma(int(batch_size) + 2, _U64) + _U64 + u) * per_record * (1.0 + 2 * u) \
+            + math.sqrt(P) * (fm.absolute(1) + cfm.absolute(1))
         direction = (per_record + self.l2 * norm) * (1.0 + 4 * u)
         d_update = u * (self.l2 * norm + direction) * lr + u * lr * direction \
             + u * (norm + lr * direction) * (1.0 + 4 * u)
@@ -334,6 +339,28 @@ class StabilityProblem:
                 + self.step_float_error(n, s.lr, s.batch_size)
             out.append(nxt * (1.0 + SLACK))
         return out
+
+    def check_overflow(self, steps: list[StabilityStep]) -> None:
+        """Refuse when the float run on some in-domain dataset could overflow the dtype: the
+        radii model rounding, not overflow (an adversarial review trained D to finite
+        float32 weights while a one-record neighbour overflowed to inf, far outside every
+        ball). With N_t = Npub_t >= ||theta_t|| for every in-domain run (|entry| <= norm):
+        logits and every partial sum <= N_t R~, per-record gradients <= M, the update's
+        terms <= N_t + lr_t (M + l2 N_t); each must stay below max(dtype) / 16, as the
+        interval pass's guard (agt/training.py) asks."""
+        if not steps:
+            return
+        pub = self.public_norm_bounds(steps[0].norm, steps)
+        worst = max([self.record_norm] + [p * self.padded_norm for p in pub]
+                    + [pub[t] + s.lr * (self.record_norm + self.l2 * pub[t])
+                       for t, s in enumerate(steps)])
+        limit = float(torch.finfo(self.fm.nominal_dtype).max) / 16.0
+        if not worst <= limit:
+            raise DataError(f"bound_method: stability: the {self.fm.nominal_dtype} training "
+                            f"computation could overflow on a dataset of the declared domain "
+                            f"(a parameter norm or logit up to {worst:.3g}; the radii hold below "
+                            f"{limit:.3g}): lower the learning rate or input_norm_bound, or "
+                            "train in float64")
 
     def radii(self, k_values, steps: list[StabilityStep]) -> np.ndarray:
         """rho_k for every k of the grid (module docstring): the recursion maximised over

@@ -390,13 +390,17 @@ def _read_params(group, expected: dict, where: str) -> dict[str, torch.Tensor]:
 
 
 def validate_bundle(bundle: Bundle) -> None:
-    """lower <= nominal <= upper for every k, no NaN, and boxes nested in k."""
+    """lower <= nominal <= upper for every k, no NaN, a finite served model, and boxes
+    nested in k."""
     where = bundle.path or "bundle"
     for name, nom in bundle.nominal.items():
         lo, hi = bundle.lower[name], bundle.upper[name]
         nom64 = nom.to(torch.float64).unsqueeze(0)
         if torch.isnan(lo).any() or torch.isnan(hi).any() or torch.isnan(nom64).any():
             raise BundleError(f"{where}: NaN in parameter '{name}'")
+        if not bool(torch.isfinite(nom64).all()):
+            raise BundleError(f"{where}: the served parameter '{name}' is infinite (a run "
+                              "that overflowed); retrain with a smaller learning rate")
         bad = ~((lo <= nom64) & (nom64 <= hi))
         if bool(bad.any()):
             j = int(bad.reshape(bad.shape[0], -1).any(1).nonzero()[0])

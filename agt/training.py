@@ -379,19 +379,11 @@ class _Trainer:
         mags = {n: float(torch.maximum(b.lo.abs(), b.hi.abs()).max()) for n, b in boxes.items()}
         v_mag = max((float(torch.maximum(v.lo.abs(), v.hi.abs()).max())
                      for v in (vboxes or {}).values() if v is not None), default=0.0)
-        act, fans, worst = self.x_magnitude, [], 0.0
-        for offset, layer in enumerate(self.net.layers):
-            if layer.kind not in ("linear", "conv2d"):
-                continue
-            gidx = self.net.first + offset
-            area = layer.kernel ** 2 if layer.kind == "conv2d" else 1
-            w = mags.get(f"{gidx}.weight", 0.0)
-            act = layer.in_features * area * w * act + mags.get(f"{gidx}.bias", 0.0)
-            fans.append(layer.out_features * area * w)
-            worst = max(worst, act)
+        worst, fans = self.net.forward_magnitudes(mags, self.x_magnitude)
+        worst = float(worst)
         delta = 1.0
         for factor in reversed(fans[1:]):
-            delta *= factor
+            delta *= float(factor)
             worst = max(worst, delta)
         theta = max(mags.values(), default=0.0)
         c = (1.0 + self.rule.momentum) if self.rule.optimizer == "sgdm" else 1.0
@@ -469,7 +461,12 @@ class _Trainer:
         nominal.update(theta)
         lower = upper = ball = None
         if with_bounds and self.stability is not None:
+            self.stability.check_overflow(ball_steps)
             ball = self.stability.radii(k_list, ball_steps)
+        if with_bounds and not all(bool(torch.isfinite(v).all()) for v in nominal.values()):
+            raise DataError(f"training diverged: the served parameters are not finite in "
+                            f"{cfg.dtype}; lower the learning rate or clip_gamma, rescale the "
+                            "features, or train in float64")
         if with_bounds:
             if not interval_pass:
                 boxes = {n: ball_boxes(nominal[n], ball) for n in self.trainable}

@@ -1,0 +1,176 @@
+"""Overflow and underflow at the edges of the float formats (an adversarial review of the
+stability balls and the certifier, 0.3.2). Every bound models rounding, not overflow, so
+what could overflow is refused or left uncertified; each case below broke a certificate
+before its fix (a neighbour outside the ball, a certified query that flips)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from agt.bounded.network import Network
+from agt.certify import Certifier
+from agt.config import config_from_dict
+from agt.data import Dataset
+from agt.errors import BundleError, ConfigError, DataError
+from agt.stability import StabilityProblem, StabilityStep
+from agt.store import from_result, validate_bundle
+from agt.tensors import predicted_classes
+from agt.training import train, train_nominal
+
+from tests.agt.test_stability import R, ball_data, distance, head
+
+F32 = float(torch.finfo(torch.float32).max)
+
+
+def _init(tmp_path, **arrays) -> str:
+    path = tmp_path / "init.npz"
+    np.savez(path, **{k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
+    return str(path)
+
+
+def _logits(spec, params, x, dtype=torch.float32):
+    z, _ = Network(spec.layers, 0).forward_nominal({k: v.to(dtype) for k, v in params.items()},
+                                                   torch.as_tensor(x, dtype=dtype))
+    return z
+
+
+def _two_ray_data(radius: float, extra_on_e1: bool):
+    """49 (or 50) records at radius * e1 and 25 at radius * e2, all of class 1 (and one
+    record at 0 of class 0): with a learning rate near max(float32) / radius the step on
+    e1 lands just below (or above) max(float32)."""
+    a, b = 49, 25
+    n = a + b + 1
+    x = np.zeros((n, 2))
+    y = np.ones(n, dtype=np.int64)
+    x[:a] = [radius, 0.0]
+    x[a:a + b] = [0.0, radius]
+    if extra_on_e1:
+        x[-1] = [radius, 0.0]
+    else:
+        y[-1] = 0
+    return Dataset("rays", x, y, np.array([[0.0, 1.0]]), np.array([1]), 2), n, a
+
+
+def _ray_config(tmp_path, radius: float, lr: float):
+    return config_from_dict(dict(
+        model=[{"linear": {"in": 2, "out": 1}}], loss="binary_cross_entropy",
+        data={"name": "blobs"}, learning_rate=lr, lr_decay=0.0, n_epochs=1, batch_size="full",
+        clip_gamma=radius, k_values=[0, 1], dtype="float32", device="cpu",
+        bound_method="stability", input_norm_bound=radius,
+        pretrained=_init(tmp_path, **{"0.weight": [[-1.0, -1.0]], "0.bias": [0.0]})))
+
+
+@pytest.mark.parametrize("radius", [1e4, 1e8])
+def test_stability_refuses_runs_a_neighbour_could_overflow(tmp_path, radius):
+    """D trained to finite float32 weights, a one-record neighbour (norm R) to +inf, which
+    flipped a query certified at k = 1; now the public norm bound refuses the run."""
+    ds, n, a = _two_ray_data(radius, extra_on_e1=False)
+    lr = F32 / radius * n / (a + 0.5)
+    cfg = _ray_config(tmp_path, radius, lr)
+    x2, y2 = ds.x_train.copy(), ds.y_train.copy()
+    x2[-1], y2[-1] = [radius, 0.0], 1
+    neighbour = train_nominal(cfg, Dataset("rays", x2, y2, ds.x_test, ds.y_test, 2))
+    assert not bool(torch.isfinite(neighbour["0.weight"]).all()), "the neighbour overflows"
+    with pytest.raises(DataError, match="could overflow on a dataset of the declared domain"):
+        train(cfg, ds)
+
+
+def test_stability_guard_uses_the_public_norm_bound():
+    """The guard is data-independent: ordinary settings pass, a learning rate that could
+    carry some in-domain run past max / 16 does not."""
+    problem = StabilityProblem.build("cross_entropy", 3, 4, True, 0.0, 2.0, torch.float32,
+                                     n_records=100)
+    steps = [StabilityStep(0, 0.3, 100, 1.0, 1.0)] * 20
+    problem.check_overflow(steps)
+    with pytest.raises(DataError, match="could overflow"):
+        problem.check_overflow([StabilityStep(0, 1e36, 100, 1.0, 1.0)] * 2)
+
+
+@pytest.mark.parametrize("lr", [1e37, 3e36])
+def test_subnormal_domain_keeps_neighbours_inside_the_ball(tmp_path, lr):
+    """Records of norm 2^-148 (no bias) make every mean gradient a subnormal: its cast to
+    float32 is off by half a subnormal step, which a large learning rate multiplies. A
+    one-record neighbour left the ball by 2.5x (and flipped a certified query) while that
+    error was charged outside the lr factor."""
+    radius = 2.0 ** -148
+    n = 10
+    x = np.zeros((n, 1))
+    y = np.zeros(n, dtype=np.int64)
+    x[:6], y[:6] = radius, 1
+    ds = Dataset("tiny", x, y, np.array([[1.0]]), np.array([1]), 2)
+    cfg = config_from_dict(dict(
+        model=[{"linear": {"in": 1, "out": 1, "bias": False}}], loss="binary_cross_entropy",
+        data={"name": "blobs"}, learning_rate=lr, lr_decay=0.0, n_epochs=1, batch_size="full",
+        clip_gamma=radius, k_values=[0, 1], dtype="float32", device="cpu",
+        bound_method="stability", input_norm_bound=radius,
+        pretrained=_init(tmp_path, **{"0.weight": [[0.0]]})))
+    res = train(cfg, ds)
+    served = float(res.nominal["0.weight"])
+    assert served > 0.0, "the served step is not 0: the test exercises the subnormal cast"
+    x2, y2 = x.copy(), y.copy()
+    x2[0], y2[0] = 0.0, 0
+    other = train_nominal(cfg, Dataset("tiny", x2, y2, ds.x_test, ds.y_test, 2))
+    assert abs(float(other["0.weight"]) - served) <= res.ball_radius[1]
+    cert = Certifier(from_result(res)).certify(ds.x_test)
+    pred = predicted_classes(_logits(res.spec, other, ds.x_test))
+    assert cert.max_certified_k[0] < 1 or int(pred[0]) == int(cert.prediction[0])
+
+
+@pytest.mark.parametrize("method", ["stability", "served-k0"])
+def test_queries_whose_logits_could_overflow_are_not_certified(tmp_path, method):
+    """A finite query whose served float32 logit sits just below max(float32): the served
+    model predicts class 1 (z_1 = inf), and a one-record neighbour inside the k = 1 ball and
+    box overflows z_0 too, so argmax picks class 0. Such a query was certified at k = 1;
+    now the certifier checks the forward pass's magnitudes over the box."""
+    init = _init(tmp_path, **{"0.weight": [[5.0, 0.0], [10.0, 0.0]], "0.bias": [0.0, 0.0]})
+    ds = ball_data(80, 20, 2, 2, seed=1)
+    kw = dict(dtype="float32", n_epochs=1, k_values=[0, 1], pretrained=init)
+    if method == "served-k0":
+        kw.update(bound_method="served-k0", input_norm_bound=None, k_boxes="interval",
+                  clip_gamma=2.0)
+    cfg = head(2, 2, **kw)
+    res = train(cfg, ds)
+    s = F32 / float(res.nominal["0.weight"][0, 0]) * 1.001
+    while not torch.isfinite(_logits(res.spec, res.nominal, [[s, 0.0]])[0, 0]):
+        s = float(np.nextafter(np.float32(s), np.float32(0)))
+    xq = np.array([[s, 0.0]])
+    x2, y2 = ds.x_train.copy(), ds.y_train.copy()
+    i = int(np.nonzero(y2 == 1)[0][0])
+    x2[i], y2[i] = [R * (1 - 1e-6), 0.0], 0
+    other = train_nominal(cfg, Dataset("ball", x2, y2, ds.x_test, ds.y_test, 2))
+    if method == "stability":
+        assert distance(other, res.nominal) <= res.ball_radius[1]
+    cert = Certifier(from_result(res)).certify(xq)
+    flipped = int(predicted_classes(_logits(res.spec, other, xq))[0]) != int(cert.prediction[0])
+    assert flipped, "the neighbour changes the prediction: a certificate at 1 would be false"
+    assert cert.max_certified_k[0] < 1
+    # ordinary queries of the same bundle still certify
+    assert (Certifier(from_result(res)).certify(ds.x_test).max_certified_k >= 0).all()
+
+
+def test_learning_rates_beyond_the_dtype_are_refused():
+    base = dict(model=[{"linear": {"in": 2, "out": 1}}], loss="binary_cross_entropy",
+                data={"name": "blobs"}, dtype="float32")
+    for key in ("learning_rate", "clip_gamma"):
+        with pytest.raises(ConfigError, match=f"{key} = 1e\\+39 is beyond"):
+            config_from_dict({**base, key: 1e39})
+    config_from_dict({**base, "learning_rate": 1e39, "dtype": "float64"})
+
+
+def test_a_diverged_run_is_refused_and_an_infinite_bundle_rejected(tmp_path, monkeypatch):
+    """The last line of defence behind the guards: a run whose served parameters overflow
+    is refused by name, and a bundle with an infinite served model does not validate."""
+    ds, n, a = _two_ray_data(100.0, extra_on_e1=True)
+    cfg = _ray_config(tmp_path, 100.0, F32 / 100.0 * n / (a + 0.5))
+    monkeypatch.setattr(StabilityProblem, "check_overflow", lambda self, steps: None)
+    with pytest.raises(DataError, match="training diverged"):
+        train(cfg, ds)
+    good = from_result(train(head(2, 2, k_values=[0, 1]), ball_data(60, 5, 2, 2, seed=2)))
+    bad = dict(good.nominal)
+    bad["0.bias"] = torch.full_like(bad["0.bias"], torch.inf)
+    with pytest.raises(BundleError, match="infinite"):
+        validate_bundle(dataclasses.replace(good, nominal=bad))
