@@ -13,23 +13,26 @@ The gap between the two says how much any tighter bound could still gain on that
 a certified k* >= flip k is a soundness failure (the test suite uses it as one).
 
 The attack (replace-one; ``n`` and the batch order are unchanged) targets one query x_q
-whose served class is c. For a model of one linear layer the margin m(theta) = z_c - z_t
-(t: the runner-up class; for one logit, m = s z with s = +1 for class 1 and -1 for class 0)
-is linear in theta with gradient d. A gradient step theta -= lr * mean_i g_i changes m by
--lr / b * sum_i d . g_i, so record i supports the margin by -d . g_i and a record whose
-(clamped or clipped) gradient g' maximises d . g' erodes it fastest. The attack scores
-every training record by its support at the initial and at the served parameters,
-replaces the k most supportive ones by k copies of a crafted record, retrains, and
-searches the k grid by bisection for the smallest k that flips the prediction. The
-candidates for the crafted record are the query's direction and its sign pattern, both
-signs, every label, at several scales (inside ||x|| <= R when the config declares the input
-domain R of ``bound_method: stability``); per scale the one that erodes the margin most at
-the same two points is shortlisted, and of those the one whose neighbour at the largest k
-retrains to the smallest margin is used (first-order scores misjudge records far outside
-the data: their first step is large, and they stop pushing once fitted). Two points of the
-trajectory and one crafted record are heuristics: the attack is not optimal, so the flip k
-is an upper bound on the true radius, not the radius; every reported flip is a real
-retrained neighbour (the datasets can be rebuilt with ``poisoned_dataset``).
+whose served class is c, for any model the engine trains without a frozen prefix (linear
+heads, MLPs, conv nets). Let m(theta) = z_c - z_t be the query's margin (t: the runner-up
+class; for one logit, m = s z with s = +1 for class 1 and -1 for class 0) and d its gradient
+at the served parameters. A gradient step theta -= lr * mean_i g_i changes m by about
+-lr / b * sum_i d . g_i (exactly, for one linear layer), so record i supports the margin by
+-d . g_i and a record whose clamped (or clipped) gradient g' maximises d . g' erodes it
+fastest. The attack scores every training record by its support at the initial and at the
+served parameters (the engine's per-record gradients, `Network.grads_nominal`, in float64),
+replaces the k most supportive ones by k copies of a crafted record, retrains, and searches
+the k grid by bisection for the smallest k that flips the prediction. The candidates for
+the crafted record are the query's direction and its sign pattern, both signs, at several
+scales (inside ||x|| <= R when the config declares the input domain R of ``bound_method:
+stability``), and the query itself (the classic poison of a nonlinear model), each with
+every label; per scale the one that erodes the margin most at the same two points is
+shortlisted, and of those the one whose neighbour at the largest k retrains to the smallest
+margin is used (first-order scores misjudge records far outside the data: their first step
+is large, and they stop pushing once fitted). Two points of the trajectory, a first-order
+score and one crafted record are heuristics: the attack is not optimal, so the flip k is an
+upper bound on the true radius, not the radius; every reported flip is a real retrained
+neighbour (the datasets can be rebuilt with ``poisoned_dataset``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from agt.config import TrainConfig
 from agt.data import Dataset
 from agt.errors import ConfigError, DataError
 from agt.models import init_params
+from agt.optim import UpdateRule
+from agt.stability import StabilityProblem
 from agt.tensors import predicted_classes, torch_dtype
 from agt.training import load_pretrained, train_nominal
 
@@ -67,64 +72,68 @@ class FlipResult:
 
 def _check_attackable(cfg: TrainConfig, ds: Dataset):
     spec = cfg.model.with_input_shape(ds.feature_shape)
-    if len(spec.layers) != 1 or spec.layers[0].kind != "linear" or spec.frozen_layers:
-        raise ConfigError("the poisoning attack crafts records for a model of exactly one "
-                          "trainable linear layer (a logistic or softmax head); this model has "
-                          f"{len(spec.layers)} layer(s): use it on a linear head")
-    if len(ds.feature_shape) != 1:
-        raise DataError(f"the attack needs flat feature vectors; got shape {ds.feature_shape}")
+    if spec.frozen_layers:
+        raise ConfigError("the poisoning attack crafts records in the input space of the "
+                          "trainable layers; this model has a frozen prefix of "
+                          f"{spec.frozen_layers} layer(s): attack the head on the prefix's "
+                          "features instead (a dataset of those features and a model of the "
+                          "trainable layers)")
     return spec
 
 
-class _Head:
-    """The linear head's per-record gradients in float64 (a scoring heuristic only: the
-    retraining, not this, decides whether the attack worked)."""
+#: per-record gradients are scored this many records at a time (memory: rows x parameters)
+_SCORE_ROWS = 2048
 
-    def __init__(self, cfg: TrainConfig, spec, bias: bool):
+
+class _Scorer:
+    """First-order scores from the engine's own nominal rule, evaluated in float64 (a
+    heuristic only: the retraining, not this, decides whether the attack worked): the
+    per-record clamped gradients (`Network.grads_nominal`; with ``clip_norm``, those of the
+    clipped loss with the trainer's clip floors) and the gradient of the query's margin."""
+
+    def __init__(self, cfg: TrainConfig, spec):
         self.cfg = cfg
-        self.bias = bias
-        self.n_logits = spec.n_logits
+        self.net = Network.trainable(spec)
+        self.names = spec.trainable_param_names()
+        self.gamma = float(cfg.clip_gamma)
+        self.dtype = torch_dtype(cfg.dtype)
+        self.problem = None
+        if cfg.clip_norm is not None:
+            layer = spec.layers[0]
+            self.problem = StabilityProblem.build(
+                cfg.loss, spec.n_logits, int(np.prod(spec.input_shape)), layer.bias,
+                UpdateRule.from_config(cfg, self.dtype).l2, cfg.input_norm_bound,
+                self.dtype, n_records=1, clip_norm=cfg.clip_norm, compute64=True)
 
-    def features(self, x: np.ndarray) -> torch.Tensor:
-        x = torch.as_tensor(x, dtype=torch.float64)
-        return torch.cat([x, torch.ones(len(x), 1, dtype=torch.float64)], 1) if self.bias else x
+    def support(self, params: dict, direction: torch.Tensor, x: np.ndarray,
+                y: np.ndarray) -> torch.Tensor:
+        """(m,): direction . g_i(params) for the records (x, y), g_i clamped to +-gamma."""
+        out = torch.zeros(len(y), dtype=torch.float64)
+        for r0 in range(0, len(y), _SCORE_ROWS):
+            # the records as the training dtype holds them
+            xc = torch.as_tensor(x[r0:r0 + _SCORE_ROWS], dtype=self.dtype).to(torch.float64)
+            yc = torch.as_tensor(y[r0:r0 + _SCORE_ROWS], dtype=torch.int64)
+            floor = None if self.problem is None else self.problem.clip_floors(xc)
+            src = self.net.grads_nominal(params, xc, yc, self.cfg.loss, clip_floor=floor)
+            g = torch.cat([src[n].fn(0, src[n].n_rows) for n in self.names], 1)
+            out[r0:r0 + len(yc)] = g.clamp(-self.gamma, self.gamma).nan_to_num_(nan=0.0) \
+                @ direction
+        return out
 
-    def grads(self, theta: torch.Tensor, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
-        """(m, n_logits, d~): clipped (clip_norm) and clamped (clip_gamma) per-record
-        gradients of the loss at the head theta (n_logits, d~)."""
-        xt = self.features(x)
-        z = xt @ theta.T
-        y = torch.as_tensor(y, dtype=torch.long)
-        if self.n_logits == 1:
-            r = torch.sigmoid(z) - y[:, None].double()
-        else:
-            r = torch.softmax(z, 1) - torch.nn.functional.one_hot(y, self.n_logits).double()
-        g = r[:, :, None] * xt[:, None, :]
-        if self.cfg.clip_norm is not None:
-            norm = g.flatten(1).norm(dim=1).clamp_min(1e-300)
-            g = g * (self.cfg.clip_norm / norm).clamp(max=1.0)[:, None, None]
-        return g.clamp(-self.cfg.clip_gamma, self.cfg.clip_gamma)
-
-
-def _theta(params: dict[str, torch.Tensor], spec) -> torch.Tensor:
-    names = spec.trainable_param_names()
-    w = params[names[0]].double()
-    if len(names) == 1:
-        return w
-    return torch.cat([w, params[names[1]].double()[:, None]], 1)
+    def margin_gradient(self, params: dict, xq: np.ndarray, cls: int, rival: int):
+        """d m / d theta (flattened in the order of the trainable parameters) of the margin
+        m = z_cls - z_rival (one logit: the signed logit), at ``params``."""
+        leaves = {n: params[n].detach().clone().requires_grad_(True) for n in self.names}
+        z, _ = self.net.forward_nominal(leaves, torch.as_tensor(xq[None], dtype=torch.float64))
+        z = z[0]
+        m = (z[0] if cls == 1 else -z[0]) if len(z) == 1 else z[cls] - z[rival]
+        grads = torch.autograd.grad(m, [leaves[n] for n in self.names], allow_unused=True)
+        return torch.cat([(torch.zeros_like(leaves[n]) if g is None else g).reshape(-1)
+                          for n, g in zip(self.names, grads)])
 
 
-def _margin_direction(z_q: torch.Tensor, xt_q: torch.Tensor) -> torch.Tensor:
-    """d = dm/dtheta (n_logits, d~) of the served class's margin against the runner-up, both
-    read from the served logits z_q."""
-    d = torch.zeros(len(z_q), len(xt_q), dtype=torch.float64)
-    if len(z_q) == 1:
-        d[0] = xt_q if float(z_q[0]) > 0 else -xt_q
-        return d
-    order = torch.argsort(z_q, descending=True)
-    d[int(order[0])] = xt_q
-    d[int(order[1])] = -xt_q
-    return d
+def _float64(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {n: v.detach().to(torch.float64) for n, v in params.items()}
 
 
 class _Attack:
@@ -134,15 +143,14 @@ class _Attack:
         self.ds = ds
         self.dtype = torch_dtype(cfg.dtype)
         self.net = Network(self.spec.layers, 0)
-        self.bias = len(self.spec.trainable_param_names()) == 2
-        self.head = _Head(cfg, self.spec, self.bias)
+        self.scorer = _Scorer(cfg, self.spec)
         theta0 = init_params(self.spec, cfg.seed, self.dtype)
         if cfg.pretrained:
             theta0 = load_pretrained(cfg.pretrained, self.spec, theta0)
         self.served = train_nominal(cfg, ds)
-        self.thetas = (_theta(theta0, self.spec), _theta(self.served, self.spec))
+        self.thetas = (_float64(theta0), _float64(self.served))
         self.n_classes = max(2, self.spec.n_logits)
-        norms = np.linalg.norm(ds.x_train, axis=1)
+        norms = np.linalg.norm(ds.x_train.reshape(ds.n_train, -1), axis=1)
         self.scale = float(norms.max()) if len(norms) else 1.0
         self.radius = cfg.input_norm_bound
 
@@ -152,35 +160,55 @@ class _Attack:
                                             torch.as_tensor(x, dtype=self.dtype))
         return predicted_classes(z).cpu().numpy()
 
-    def _candidates(self, xq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _candidates(self, xq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Crafted (x', y') candidates with their scale tags: the query's direction and its
+        sign pattern, both signs, at several scales, and the query itself (scale tag 0: the
+        classic poison of a nonlinear model, the query with another label); every label."""
         dirs = []
         for u in (xq, np.sign(xq)):
             n = float(np.linalg.norm(u))
             if n > 0:
                 dirs += [u / n, -u / n]
         if not dirs:
-            dirs = [np.eye(len(xq))[0], -np.eye(len(xq))[0]]
+            first = np.zeros_like(xq)
+            first.reshape(-1)[0] = 1.0
+            dirs = [first, -first]
         if self.radius is not None:
             scales = [self.radius * (1 - _DOMAIN_MARGIN), self.radius / 2]
         else:
             scales = [s * max(self.scale, 1.0) for s in _SCALES]
-        pts = np.array([s * u for u in dirs for s in scales])
-        pt_scale = np.array([s for _ in dirs for s in scales])
+        pts = [s * u for u in dirs for s in scales]
+        tags = [s for _ in dirs for s in scales]
+        if self.radius is None or np.linalg.norm(xq) <= self.radius * (1 - _DOMAIN_MARGIN):
+            pts.append(xq.copy())
+            tags.append(0.0)
         labels = np.arange(self.n_classes)
-        return (np.repeat(pts, len(labels), 0), np.tile(labels, len(pts)),
-                np.repeat(pt_scale, len(labels)))
+        return (np.repeat(np.array(pts), len(labels), 0), np.tile(labels, len(pts)),
+                np.repeat(np.array(tags), len(labels)))
 
-    def shortlist(self, xq: np.ndarray):
+    def _rival(self, xq: np.ndarray, cls: int) -> int:
+        """The served model's runner-up class for the query (unused with one logit)."""
+        with torch.no_grad():
+            z, _ = self.net.forward_nominal(self.thetas[1],
+                                            torch.as_tensor(xq[None], dtype=torch.float64))
+        z = z[0].clone()
+        if len(z) == 1:
+            return 1 - cls
+        z[cls] = -torch.inf
+        return int(torch.argmax(z))
+
+    def shortlist(self, xq: np.ndarray, cls: int):
         """(records ordered by their support of the query's margin, and per candidate scale
-        the crafted (x', y') that erodes the margin most to first order)."""
-        xt_q = self.head.features(xq[None])[0]
+        the crafted (x', y') that erodes the margin most, to first order: -lr / b d . g of
+        one step, d the margin's gradient at the served parameters, g a record's gradient
+        at the initial and at the served parameters)."""
+        d = self.scorer.margin_gradient(self.thetas[1], xq, cls, self._rival(xq, cls))
         support = torch.zeros(self.ds.n_train, dtype=torch.float64)
         cand_x, cand_y, cand_scale = self._candidates(xq)
         erosion = torch.zeros(len(cand_y), dtype=torch.float64)
-        d = _margin_direction(self.thetas[1] @ xt_q, xt_q)
         for theta in self.thetas:
-            support -= (self.head.grads(theta, self.ds.x_train, self.ds.y_train) * d).sum((1, 2))
-            erosion += (self.head.grads(theta, cand_x, cand_y) * d).sum((1, 2))
+            support -= self.scorer.support(theta, d, self.ds.x_train, self.ds.y_train)
+            erosion += self.scorer.support(theta, d, cand_x, cand_y)
         order = np.argsort(-support.numpy(), kind="stable")
         picks = []
         for scale in np.unique(cand_scale):
@@ -203,7 +231,7 @@ class _Attack:
     def plan(self, xq: np.ndarray, probe_k: int, cls: int):
         """The shortlisted crafted record whose neighbour at ``probe_k`` retrains to the
         smallest margin (first-order scores misjudge records far outside the data)."""
-        order, picks = self.shortlist(xq)
+        order, picks = self.shortlist(xq, cls)
         if len(picks) == 1:
             return (order,) + picks[0], 0
         margins = [self.margin(train_nominal(self.cfg, self.poisoned((order,) + p, probe_k)),
@@ -228,7 +256,7 @@ def poisoned_dataset(cfg: TrainConfig, ds: Dataset, query, k: int, *,
     if not 0 <= int(k) <= ds.n_train:
         raise DataError(f"k = {k} must lie in 0..{ds.n_train} (the number of training records)")
     attack = _Attack(cfg, ds)
-    xq = np.asarray(query, dtype=np.float64).reshape(-1)
+    xq = np.asarray(query, dtype=np.float64).reshape(ds.feature_shape)
     cls = int(attack.predict(attack.served, xq[None])[0])
     plan, _ = attack.plan(xq, int(k if probe_k is None else probe_k), cls)
     return attack.poisoned(plan, int(k))
@@ -247,8 +275,9 @@ def flip_radius(cfg: TrainConfig, ds: Dataset, queries, k_values, *,
         raise DataError(f"k = {grid[-1]} exceeds the {ds.n_train} training records")
     attack = _Attack(cfg, ds)
     xq_all = np.asarray(queries, dtype=np.float64)
-    if xq_all.ndim != 2 or xq_all.shape[1] != ds.feature_shape[0]:
-        raise DataError(f"queries need shape (Q, {ds.feature_shape[0]}); got {xq_all.shape}")
+    if xq_all.shape[1:] != tuple(ds.feature_shape):
+        raise DataError(f"queries need shape (Q, {', '.join(map(str, ds.feature_shape))}); got "
+                        f"{xq_all.shape}")
     served = attack.predict(attack.served, xq_all)
     flip = np.full(len(xq_all), -1, dtype=np.int64)
     retrains = 0

@@ -1,6 +1,7 @@
 """How far are the certificates from the truth? Certified k* against a poisoning attack.
 
-For each task and bound method of bench_tightness.py with a linear head, per test query:
+For each task and bound method of bench_tightness.py (every task without an ensemble; the
+MLP tasks only with the box methods), per test query:
 the certified k* (a lower bound on the query's true stability radius) and the attack's flip
 k (agt/attack.py: k records replaced, retrained by the served code path, the prediction
 changes), which bounds the true radius from above for *every* sound method:
@@ -18,8 +19,8 @@ trajectory, one crafted record), so the truth may lie well below the ceiling.
     python benchmarks/bench_gap.py [--tasks a,b] [--methods interval,stability-ball]
                                    [--queries 100] [--max-k K] [--json FILE]
 
-Methods that do not apply to a task (the stability rules on a clamped or momentum task) are
-skipped with the reason. Deterministic: fixed data, seeds and queries (the first --queries
+Methods that do not apply to a task (the stability rules on a clamped or momentum task, the
+trajectory and stability rules on an MLP) are skipped with the reason. Deterministic: fixed data, seeds and queries (the first --queries
 test points); the attack searches k in 1..max-k (default: the task's largest grid k) by
 bisection after checking the largest.
 """
@@ -45,7 +46,8 @@ from agt.trajectory import TrajectoryBounds  # noqa: E402
 from bench_tightness import _ratio, domain_of, task_setup, with_method  # noqa: E402
 
 TASKS = ("imdb_head_fine", "digits10_linear", "digits10_gd", "digits10_gd_centred",
-         "digits_bin_mb_linear", "digits10_sgd_centred")
+         "digits_bin_mb_linear", "digits10_sgd_centred", "blobs_mlp", "digits_bin_mb",
+         "digits10_mlp")
 
 
 def run(task: str, method: str, n_queries: int, max_k: int | None) -> dict:

@@ -1,4 +1,5 @@
-"""The poisoning attack (agt/attack.py) against every bound method of a linear head.
+"""The poisoning attack (agt/attack.py) against every bound method of a linear head, and
+against the boxes of MLPs and a conv net.
 
 A flip at k is a real retrained neighbour at replace-one distance k whose prediction
 differs, so a certificate at k or above would be false: the attack is a falsification test
@@ -22,7 +23,8 @@ from agt.store import from_result
 from agt.training import train, train_nominal
 
 from tests.agt.test_stability import ball_data, head
-from tests.helpers import LOGISTIC, LOGISTIC_CE, MLP, blobs, classes, config, logits
+from tests.helpers import (CONV, LOGISTIC, LOGISTIC_CE, MLP, MLP_BCE, blobs, classes, config,
+                           images, logits)
 
 Q = 40
 
@@ -59,6 +61,13 @@ def _settings():
                                               k_values="0..60", n_epochs=4, batch_size=100,
                                               learning_rate=0.5, clip_norm=0.3,
                                               clip_gamma=0.3), ball2),
+        "mlp-ce-3-steps": (config(MLP, n_epochs=3, clip_gamma=0.1, learning_rate=1.0,
+                                  k_values="0..80"), ds),
+        "mlp-bce-minibatch-f32": (config(MLP_BCE, "binary_cross_entropy", n_epochs=2,
+                                         batch_size=100, clip_gamma=0.1, learning_rate=0.5,
+                                         k_values="0..60", dtype="float32"), ds),
+        "conv-1-step": (config(CONV, n_epochs=1, clip_gamma=0.1, learning_rate=1.0,
+                               k_values="0..60"), images(200, seed=5)),
     }
 
 
@@ -66,7 +75,8 @@ SETTINGS = _settings()
 #: where a certificate shrunk to half its size is caught (the others are far from the
 #: attack's ceiling, so halving them stays below it)
 CATCHES_HALF = ["interval-ce-1-step", "interval-bce-1-step", "interval-ce-3-steps-f32",
-                "stability-clip-3-classes-f32", "stability-clip-bce-minibatch"]
+                "interval-sgdm-l2-f32", "interval-nesterov-minibatch",
+                "stability-clip-3-classes-f32", "stability-clip-bce-minibatch", "conv-1-step"]
 
 
 def shrunk(bundle, factor: float):
@@ -138,8 +148,9 @@ def test_poisoned_dataset_at_distance_zero_is_the_data():
 
 def test_attack_refuses_what_it_cannot_do():
     ds = blobs(100, seed=4)
-    with pytest.raises(ConfigError, match="one\\s+trainable linear layer"):
-        flip_radius(config(MLP), ds, ds.x_test[:2], [1, 2])
+    frozen = config(MLP, frozen_layers=2)
+    with pytest.raises(ConfigError, match="frozen prefix"):
+        flip_radius(frozen, ds, ds.x_test[:2], [1, 2])
     cfg = config(LOGISTIC_CE)
     with pytest.raises(DataError, match="exceeds"):
         flip_radius(cfg, ds, ds.x_test[:2], [1, 10_000])
