@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import partial
 
 import numpy as np
@@ -53,6 +54,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.base import REFUSED, Mechanism, register
 from mechanisms.checks import check_params, privacy_problems
+from mechanisms.exact import exponential_choice
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Votes
 from mechanisms.noise import (correct_from_flip, flip_probability, laplace_flip_probability,
@@ -328,6 +330,19 @@ def df_probabilities(counts: ArrayLike, beta: float) -> NDArray[np.float64]:
     return e / e.sum(axis=1, keepdims=True)
 
 
+def df_draw(counts: ArrayLike, beta: float, rng: np.random.Generator) -> NDArray[np.int64]:
+    """One label per query from `df_probabilities`, exactly (mechanisms/exact.py: deficits
+    beta (max_c n_c - n_y) in rational arithmetic; the float cumulative-sum draw an audit
+    found above e^eps at vote counts such as 60 : 0 against 59 : 1)."""
+    b = Fraction(float(beta))
+    counts = np.asarray(counts, dtype=np.int64)
+    out = np.empty(counts.shape[0], dtype=np.int64)
+    for q, row in enumerate(counts.tolist()):
+        top = max(row)
+        out[q] = exponential_choice([b * (top - n) for n in row], rng)
+    return out
+
+
 def df_zcdp_beta(epsilon: float, delta: float, n_queries: int) -> float:
     """beta of a df-exp-zcdp session of B queries at (eps, delta) (module docstring)."""
     root = math.sqrt(math.log(1.0 / delta) + epsilon) - math.sqrt(math.log(1.0 / delta))
@@ -373,9 +388,7 @@ class DworkFeldman(Mechanism):
                          f"moved vote changes the log-ratio by at most 2 beta")
 
     def _draw(self, inputs: Votes, rng):
-        p = df_probabilities(counts_of(inputs.votes, inputs.n_classes), self.beta(inputs.n_queries))
-        u = rng.random((p.shape[0], 1))
-        return np.minimum((np.cumsum(p, axis=1) < u).sum(axis=1), p.shape[1] - 1)
+        return df_draw(counts_of(inputs.votes, inputs.n_classes), self.beta(inputs.n_queries), rng)
 
     def _correct(self, inputs: Votes, y):
         p = df_probabilities(counts_of(inputs.votes, inputs.n_classes), self.beta(inputs.n_queries))

@@ -28,7 +28,8 @@ exp-radius / ens-exp-radius: the exponential mechanism on the radius (inverse-se
   (C-1) w) lies between 1 and w/w' as before. tests/mechanisms/test_radius.py checks every
   neighbouring (class, radius) pair exactly, and that doubling the constant breaks it.
   Flip probability: P(release != c) = (C - 1) w / (1 + (C - 1) w). r = -1 gives the uniform
-  distribution; binary is C = 2.
+  distribution; binary is C = 2. The draw follows this law exactly (`exp_draw`,
+  mechanisms/exact.py), not a float approximation of it.
 
 ptr: propose-test-release on one model's radius: release c if r + Laplace(1/eps) >
   ln(1/delta) / eps, else REFUSED. (eps, delta)-DP as in ens-ptr (mechanisms/ensemble.py):
@@ -66,6 +67,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import partial
 
 import numpy as np
@@ -73,6 +75,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.base import REFUSED, Mechanism, register
 from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
+from mechanisms.exact import exponential_choice
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified, Votes
 from mechanisms.noise import ptr_draw, ptr_release_probability, ptr_threshold
@@ -110,11 +113,16 @@ def exp_probabilities(answer: NDArray[np.int64], radius: NDArray[np.int64], epsi
 
 def exp_draw(answer: NDArray[np.int64], radius: NDArray[np.int64], epsilon: float,
              n_classes: int, rng: np.random.Generator) -> NDArray[np.int64]:
-    """One draw per query: c with probability 1 - flip, else a uniform other class."""
-    flip = exp_flip_probability(radius, epsilon, n_classes)
-    other = rng.integers(0, n_classes - 1, size=answer.shape)
-    other = other + (other >= answer)                 # uniform over the classes != answer
-    return np.where(rng.random(answer.shape) < flip, other, answer).astype(np.int64)
+    """One draw per query from `exp_probabilities`, exactly (mechanisms/exact.py: weight 1
+    for the answer c and exp(-eps (r + 1)) for every other class, in rational arithmetic;
+    a float draw realised another law, which an audit showed is not eps-DP)."""
+    eps = Fraction(float(epsilon))
+    out = np.empty(np.shape(answer), dtype=np.int64)
+    for q, (c, r) in enumerate(zip(np.asarray(answer).tolist(), np.asarray(radius).tolist())):
+        other = eps * (int(r) + 1)
+        out[q] = exponential_choice([Fraction(0) if y == c else other
+                                     for y in range(n_classes)], rng)
+    return out
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,11 @@ def test_layers_point_one_way():
 NOISE_CALLS = {"laplace", "standard_cauchy", "cauchy", "gumbel", "exponential", "normal",
                "standard_normal", "choice", "random", "integers", "uniform", "gamma",
                "standard_exponential", "standard_gamma", "multivariate_normal"}
+#: the mechanism modules and the two sampler modules they draw through (noise.py: closed
+#: forms and float draws; exact.py: exact discrete samplers), each fed the mechanism's generator
 NOISE_MODULES = {"mechanisms.global_sens", "mechanisms.smooth", "mechanisms.ensemble",
-                 "mechanisms.noise", "mechanisms.radius", "mechanisms.convex",
-                 "mechanisms.loss_perturbation"}
+                 "mechanisms.noise", "mechanisms.exact", "mechanisms.radius",
+                 "mechanisms.convex", "mechanisms.loss_perturbation"}
 
 
 def _calls(module: str):
