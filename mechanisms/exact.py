@@ -1,4 +1,5 @@
-"""Exact samplers for the discrete releases (exp-radius, ens-exp-radius, df-exp).
+"""Exact samplers for the discrete releases (exp-radius, ens-exp-radius, df-exp; through
+mechanisms/noise.py also the binary Laplace threshold releases and PTR).
 
 Why. A float sampler realises another distribution than the one the proof is about:
 ``rng.random()`` returns multiples of 2^-53, so ``rng.random() < p`` happens with
@@ -23,8 +24,11 @@ went over e^eps the same way. The samplers below draw from the exact distributio
   probability exp(-d_j) (`bernoulli_exp`); the accepted class has exactly that law, and
   at most C proposals are needed on average (the class of deficit 0 is always accepted).
 
-The continuous noises (Laplace, Cauchy: gs, ss-laplace, ss-cauchy, lnmax, ptr, svt) are
-still drawn in floating point; README "Privacy" states what that leaves.
+mechanisms/noise.py draws the binary Laplace threshold releases and the PTR tests through
+`bernoulli` and `bernoulli_exp` too (their outcomes have closed-form laws). The Cauchy
+releases, lnmax, the sparse vector's noises and the convex mechanisms' Gaussian noises are
+still drawn in floating point; README "What is private and what is not" states what that
+leaves.
 """
 
 from __future__ import annotations

@@ -10,18 +10,22 @@ prediction f and Z Laplace(0, 1) or standard Cauchy. They differ from f ("flip")
 the noise crosses 1/2 towards the other label; by symmetry of Z,
     Laplace, scale s:  P(flip) = P(s Z > 1/2) = 0.5 * exp(-1 / (2 s))
     Cauchy,  scale s:  P(flip) = P(s Z > 1/2) = 1/2 - arctan(1 / (2 s)) / pi.
+The Laplace releases and the PTR tests draw their outcomes from these closed forms exactly
+(mechanisms/exact.py); the Cauchy ones still draw Z in floating point.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+from fractions import Fraction
 from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.checks import check_delta, check_epsilon, privacy_problems
+from mechanisms.exact import bernoulli, bernoulli_exp
 
 NoiseKind = Literal["laplace", "cauchy"]
 NOISE_KINDS: tuple[str, ...] = ("laplace", "cauchy")
@@ -60,12 +64,14 @@ def flip_probability(scale: ArrayLike | float, noise: NoiseKind) -> NDArray[np.f
 
 def threshold_draw(values: NDArray[np.int64], scale: ArrayLike | float, noise: NoiseKind,
                    rng: np.random.Generator) -> NDArray[np.int64]:
-    """1[values + scale * Z > 1/2], Z i.i.d. Laplace(0, 1) or standard Cauchy. Called only
-    by mechanism objects, after their inputs and parameters are validated."""
+    """1[values + scale * Z > 1/2] for binary values, Z i.i.d. Laplace(0, 1) or standard
+    Cauchy. Called only by mechanism objects, after their inputs and parameters are
+    validated. Laplace: the label is drawn from its exact law (`_laplace_threshold_exact`);
+    Cauchy: by a float draw of Z (README, "Sampling")."""
     scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), values.shape)
     if noise == "laplace":
-        z = rng.laplace(0.0, 1.0, size=values.shape)
-    elif noise == "cauchy":
+        return _laplace_threshold_exact(values, scale, rng)
+    if noise == "cauchy":
         z = rng.standard_cauchy(size=values.shape)
     else:  # never draw from an unknown distribution
         raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
@@ -107,7 +113,33 @@ def ptr_release_probability(distance: ArrayLike, epsilon: float, delta: float
 
 def ptr_draw(answer: NDArray[np.int64], distance: NDArray[np.int64], epsilon: float,
              delta: float, rng: np.random.Generator) -> NDArray[np.int64]:
-    """answer where distance + Laplace(1/eps) > ln(1/delta)/eps, else REFUSED."""
-    noisy = distance.astype(np.float64) + rng.laplace(0.0, 1.0 / epsilon, size=distance.shape)
-    passed = noisy > math.log(1.0 / delta) / epsilon
+    """answer where distance + Laplace(1/eps) > T = ln(1/delta)/eps, else REFUSED, drawn
+    from the exact law: with t = T - distance (the float T, exactly), the test passes with
+    probability exp(-eps t) / 2 for t >= 0 and 1 - exp(eps t) / 2 for t < 0
+    (`ptr_release_probability`), so pass = [t >= 0] xor not (B(1/2) and B(exp(-eps |t|)))."""
+    threshold = Fraction(ptr_threshold(epsilon, delta))
+    eps = Fraction(float(epsilon))
+    passed = np.empty(np.shape(distance), dtype=bool)
+    for q, d in enumerate(np.asarray(distance).tolist()):
+        t = threshold - int(d)
+        tail = bernoulli(Fraction(1, 2), rng) and bernoulli_exp(eps * abs(t), rng)
+        passed[q] = tail if t >= 0 else not tail
     return np.where(passed, answer, REFUSED).astype(np.int64)
+
+
+def _laplace_threshold_exact(values: NDArray[np.int64], scale: NDArray[np.float64],
+                             rng: np.random.Generator) -> NDArray[np.int64]:
+    """1[f + s Z > 1/2], Z ~ Laplace(0, 1), from its exact law: the label differs from
+    f in {0, 1} exactly when s Z crosses 1/2 towards the other label, with probability
+    exp(-1 / (2 s)) / 2 (`laplace_flip_probability`; s as the float holds it, exactly), so
+    flip = B(1/2) and B(exp(-1 / (2 s))); s = 0 never flips (no noise)."""
+    flat = np.asarray(values).reshape(-1).tolist()
+    scales = np.asarray(scale).reshape(-1).tolist()
+    if not set(flat) <= {0, 1}:
+        raise ValueError("threshold releases take binary predictions (0 or 1)")
+    out = np.empty(len(flat), dtype=np.int64)
+    for q, (f, s) in enumerate(zip(flat, scales)):
+        flip = s > 0 and bernoulli(Fraction(1, 2), rng) \
+            and (math.isinf(s) or bernoulli_exp(1 / (2 * Fraction(s)), rng))
+        out[q] = 1 - f if flip else f
+    return out.reshape(np.shape(values))

@@ -15,6 +15,8 @@ import pytest
 
 from mechanisms.ensemble import df_draw, df_probabilities
 from mechanisms.exact import _BITS, bernoulli, bernoulli_exp, exponential_choice
+from mechanisms.noise import (REFUSED, laplace_flip_probability, ptr_draw,
+                              ptr_release_probability, threshold_draw)
 from mechanisms.radius import exp_draw, exp_probabilities
 
 
@@ -99,3 +101,24 @@ def test_exp_radius_and_df_exp_draw_from_their_laws_without_floats():
     assert np.all(np.abs(got - p) <= 5 * np.sqrt(p * (1 - p) / n))
     far = exp_draw(np.array([0, 1]), np.array([10**6, 744]), 1.0, 2, rng)
     assert far.tolist() == [0, 1]
+
+
+def test_laplace_threshold_and_ptr_draw_from_their_laws_without_floats():
+    """The binary Laplace releases (gs, ss-laplace and the ensembles' GS fallback) and PTR
+    draw their decisions exactly: only uniform integers are used, and the frequencies match
+    `laplace_flip_probability` and `ptr_release_probability`."""
+    rng = _IntegersOnly(5)
+    n = 30_000
+    values = np.tile(np.array([0, 1], dtype=np.int64), n // 2)
+    got = threshold_draw(values, 0.4, "laplace", rng)
+    p = float(laplace_flip_probability(0.4))
+    assert abs(float(np.mean(got != values)) - p) <= 5 * math.sqrt(p * (1 - p) / n)
+    assert threshold_draw(values[:4], 0.0, "laplace", rng).tolist() == values[:4].tolist()
+    assert set(threshold_draw(values[:4], math.inf, "laplace", rng).tolist()) <= {0, 1}
+    with pytest.raises(ValueError, match="binary"):
+        threshold_draw(np.array([2]), 0.4, "laplace", rng)
+    for d in (3, 12, 25):
+        answer = np.zeros(n, dtype=np.int64)
+        passed = ptr_draw(answer, np.full(n, d), 0.5, 1e-4, rng) != REFUSED
+        p = float(ptr_release_probability(d, 0.5, 1e-4))
+        assert abs(float(passed.mean()) - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-9
