@@ -98,9 +98,12 @@ class Certifier:
         self.trainable = self.spec.trainable_param_names()
         self.lower = {n: bundle.lower[n].to(self.device) for n in self.trainable}
         self.upper = {n: bundle.upper[n].to(self.device) for n in self.trainable}
-        #: per box (K,): the largest |parameter| of each trainable tensor in it
+        #: per box (K,): the largest |parameter| of each trainable tensor in it; and of each
+        #: frozen tensor (exact)
         self.box_magnitude = {n: torch.maximum(self.lower[n].abs(), self.upper[n].abs())
                               .flatten(1).amax(1).to(BOUND_DTYPE) for n in self.trainable}
+        self.frozen_magnitude = {n: v.abs().max().to(BOUND_DTYPE) for n, v in self.nominal.items()
+                                 if n not in self.trainable}
         self.ball = None
         if bundle.ball_radius is not None:
             if len(self.spec.layers) != 1 or self.spec.frozen_layers:
@@ -140,7 +143,8 @@ class Certifier:
         return box
 
     # -- certification of given (query, box) pairs ------------------------------------------
-    def _certified(self, feats, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    def _certified(self, feats, pred: torch.Tensor, j: torch.Tensor,
+                   x_mag: torch.Tensor) -> torch.Tensor:
         """Whether query q is certified at grid index j[q]: its box certifies, or (bound
         method stability) its L2 ball does."""
         ok = self._box_certified(feats, pred, j)
@@ -149,9 +153,9 @@ class Certifier:
         if self.trajectory is not None:
             traj = self.trajectory.certified(feats.cpu(), pred.cpu(), j.cpu())
             ok = ok | traj.to(ok.device)
-        return ok & self._fits_dtype(feats, j)
+        return ok & self._fits_dtype(x_mag, j)
 
-    def _fits_dtype(self, feats, j: torch.Tensor) -> torch.Tensor:
+    def _fits_dtype(self, x_mag: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Whether the served computation of query q cannot overflow its dtype for any
         parameters in box j[q]. Every test above models rounding, not overflow: two logits
         that both overflow to inf make argmax pick the lower index whatever the margin (an
@@ -159,14 +163,13 @@ class Certifier:
         encloses every neighbour's parameters for each method (the ball's boxes enclose the
         ball, the trajectory's neighbours lie in the interval boxes), so the a-priori
         magnitudes of the forward pass over the box (`Network.forward_magnitudes`, every
-        partial sum included) must stay below max(dtype) / 16, as in training."""
-        if isinstance(feats, Interval):
-            x_mag = torch.maximum(feats.lo[0].abs(), feats.hi[0].abs())
-        else:
-            x_mag = feats.abs()
-        x_mag = x_mag.flatten(1).amax(1)
-        mags = {n: m[j] for n, m in self.box_magnitude.items()}
-        worst, _ = self.trainable_net.forward_magnitudes(mags, x_mag.to(BOUND_DTYPE))
+        partial sum included) must stay below max(dtype) / 16, as in training. The pass runs
+        from the raw query (``x_mag``: its largest |entry|, as the dtype holds it) through
+        the frozen prefix too, whose exact parameters the served model shares (a review
+        overflowed a float32 prefix to inf while the float64 features stayed finite)."""
+        mags = dict(self.frozen_magnitude)
+        mags.update({n: m[j] for n, m in self.box_magnitude.items()})
+        worst, _ = self.full.forward_magnitudes(mags, x_mag)
         return worst <= torch.finfo(self.dtype).max / 16.0
 
     def _ball_certified(self, feats: torch.Tensor, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
@@ -277,6 +280,7 @@ class Certifier:
             best = torch.full((xq.shape[0],), -1, dtype=torch.int64, device=self.device)
             step = self._query_chunk()
             K = len(self.k_values)
+            x_mag = _query_magnitude(xq)
             for q0 in range(0, xq.shape[0], step):
                 sl = slice(q0, q0 + step)
                 feats = self._features(xq[sl])
@@ -287,7 +291,7 @@ class Certifier:
                 while bool((lo < hi).any()):
                     mid = (lo + hi) // 2
                     active = lo < hi
-                    ok = self._certified(feats, p, mid.clamp(max=K - 1))
+                    ok = self._certified(feats, p, mid.clamp(max=K - 1), x_mag[sl])
                     ok = ok & active
                     lo = torch.where(ok, mid + 1, lo)
                     hi = torch.where(active & ~ok, mid, hi)
@@ -301,10 +305,11 @@ class Certifier:
             z, _ = self.full.forward_nominal(self.nominal, xq)
             pred = predicted_classes(z)
             feats = self._features(xq)
+            x_mag = _query_magnitude(xq)
             alive = torch.ones_like(pred, dtype=torch.bool)
             best = torch.full_like(pred, -1)
             for j in range(len(self.k_values)):
-                ok = self._certified(feats, pred, torch.full_like(pred, j)) & alive
+                ok = self._certified(feats, pred, torch.full_like(pred, j), x_mag) & alive
                 best = torch.where(ok, torch.full_like(best, j), best)
                 alive = ok
         return self._finish(pred, best)
@@ -321,6 +326,12 @@ class Certifier:
                            self.contiguous, self.spec.n_classes, b.bundle_id,
                            b.protected_dataset_sha256, relations, b.smooth_radii,
                            b.selection)
+
+
+def _query_magnitude(xq: torch.Tensor) -> torch.Tensor:
+    """(Q,) float64: the largest |entry| of each query as the served dtype holds it."""
+    return xq.abs().flatten(1).amax(1).to(BOUND_DTYPE) if xq.numel() else \
+        torch.zeros(xq.shape[0], dtype=BOUND_DTYPE, device=xq.device)
 
 
 def check_served_model(bundle: Bundle, served) -> None:

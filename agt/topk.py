@@ -116,21 +116,21 @@ def rounding_allowance(b: int, n_terms: int, gamma: float, fm: FloatModel) -> fl
              + 8 * _U64 + _sum_slack(fm)) * gamma + 2.0 * fm.absolute(1))
 
 
-def nesting_allowance(b: int, k: torch.Tensor, k_max: int, gamma: float,
-                      fm: FloatModel) -> torch.Tensor:
-    """Per distance k (int tensor (M,)): the `rounding_allowance` of a descent bound of *any*
-    batch size b'' in [b - k, b + k] summing at most b'' + k_max + 8 terms (all values,
-    blocked, and up to k_max selected ones).
+def nesting_allowance(b: int, k: torch.Tensor, gamma: float, fm: FloatModel) -> torch.Tensor:
+    """Per distance k (int tensor (M,)): the `rounding_allowance` of the descent bound for k
+    of *any* batch size b'' in [b - k, b + k]: its two float64 sums add b'' values
+    (blocked) and k selected ones, at most b + 2k + 8 terms with the final operations.
 
     The allowance decreases with the divisor and grows with the number of terms, so it is
-    largest at b'' = b - k and b + k + k_max + 8 terms. For an add-remove neighbour D'
-    (batch size b +- 1) the range of D' at k - 1 lies inside D's at k, hence
-    w_{k-1}(D') <= w_k(D): the nesting argument of the module docstring needs exactly this
-    (with w evaluated at each dataset's own b, w(D') exceeded w(D) by ~2e-17 gamma when D'
-    had one record more). For replace-one (b fixed) it is only the larger allowance."""
+    largest at b'' = b - k and b + 2k + 8 terms. For an add-remove neighbour D' (batch size
+    b +- 1) the range of D' at k - 1 lies inside D's at k, hence w_{k-1}(D') <= w_k(D):
+    the nesting argument of the module docstring needs exactly this (with w evaluated at
+    each dataset's own b, w(D') exceeded w(D) by ~2e-17 gamma when D' had one record more).
+    It depends on b and k only: not on how the trainer groups the k grid into boxes
+    (groups sized from the batch would let D and D' see different group maxima)."""
     out = torch.empty(k.shape[0], dtype=BOUND_DTYPE)
     for m, kk in enumerate(k.tolist()):
-        out[m] = rounding_allowance(max(1, b - kk), b + kk + k_max + 8, gamma, fm)
+        out[m] = rounding_allowance(max(1, b - kk), b + 2 * kk + 8, gamma, fm)
     return out
 
 
@@ -343,7 +343,7 @@ class DescentAccumulator:
         # at most 2 w_k looser than D at k before it, and 2 w_k tighter after (module
         # docstring); w_k covers every batch size within distance k, so D' (add-remove: one
         # record more or fewer) never carries a larger allowance at k - 1 than D at k
-        w = nesting_allowance(b, k, self.k_max, gam, fm).to(device)[:, None]
+        w = nesting_allowance(b, k, gam, fm).to(device)[:, None]
         widen = w * (1.0 + 2.0 * kf)
         return Interval((lower - widen).clamp_min(-gam), (upper + widen).clamp_max(gam))
 

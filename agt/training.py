@@ -374,7 +374,8 @@ class _Trainer:
         every partial sum included: inputs |a| <= A, a layer of fan-in f gives
         <= f |W| A + |b|; backwards the loss gradient is <= 1 per logit and a layer of
         fan-out f' multiplies by f' |W|; the update's terms are <= |theta| + lr c (gamma +
-        l2 |theta|) + lr |v|. Each must stay below max(dtype) / 16."""
+        l2 |theta|) + lr |v|, its gradient term g <= gamma + l2 |theta|, the next velocity
+        <= m |v| + g. Each must stay below max(dtype) / 16."""
         limit = torch.finfo(self.dtype).max / 16.0
         mags = {n: float(torch.maximum(b.lo.abs(), b.hi.abs()).max()) for n, b in boxes.items()}
         v_mag = max((float(torch.maximum(v.lo.abs(), v.hi.abs()).max())
@@ -388,6 +389,12 @@ class _Trainer:
         theta = max(mags.values(), default=0.0)
         c = (1.0 + self.rule.momentum) if self.rule.optimizer == "sgdm" else 1.0
         worst = max(worst, theta + lr * c * (self.gamma + self.rule.l2 * theta) + lr * v_mag)
+        # the update's own intermediates: g = d + l2 theta, the next velocity m v + g (a
+        # review let v grow towards gamma / (1 - m) = 4e38 on a neighbour, overflowing
+        # float32 while D's run stayed finite), and the step with it
+        g_mag = self.gamma + self.rule.l2 * theta
+        v_next = self.rule.momentum * v_mag + g_mag
+        worst = max(worst, g_mag, v_next, theta + lr * (g_mag + v_next))
         if not worst <= limit:
             raise DataError(f"the {self.cfg.dtype} training computation could overflow on a "
                             f"dataset within the k grid (an intermediate of magnitude up to "

@@ -174,3 +174,53 @@ def test_a_diverged_run_is_refused_and_an_infinite_bundle_rejected(tmp_path, mon
     bad["0.bias"] = torch.full_like(bad["0.bias"], torch.inf)
     with pytest.raises(BundleError, match="infinite"):
         validate_bundle(dataclasses.replace(good, nominal=bad))
+
+
+def test_queries_that_overflow_inside_a_frozen_prefix_are_not_certified(tmp_path):
+    """A finite float32 query that the frozen prefix takes to inf (2 * 3e38) while its
+    float64 features stay finite: the served logits are +-inf, and which one is inf turns on
+    a weight the k = 1 box lets cross 0; a one-record neighbour flipped a query certified at
+    k = 1. The magnitude check now runs from the raw query through the prefix."""
+    n = 100
+    x = np.zeros((n, 1))
+    y = (np.arange(n) % 2).astype(np.int64)
+    xq = np.array([[3e38]])
+    ds = Dataset("d", x, y, xq, np.array([1]), 2)
+    init = _init(tmp_path, **{"0.weight": [[2.0]], "0.bias": [0.0], "1.weight": [[1e-3]],
+                              "1.bias": [0.0], "2.weight": [[-1e-6], [1.0]], "2.bias": [0.0, 0.0]})
+    cfg = config_from_dict(dict(
+        model=[{"linear": {"in": 1, "out": 1}}, {"linear": {"in": 1, "out": 1}},
+               {"linear": {"in": 1, "out": 2}}], frozen_layers=2, loss="cross_entropy",
+        data={"name": "blobs"}, learning_rate=1.0, lr_decay=0.0, n_epochs=1, batch_size="full",
+        clip_gamma=1.0, k_values=[0, 1], dtype="float32", device="cpu", pretrained=init))
+    res = train(cfg, ds)
+    x2, y2 = x.copy(), y.copy()
+    x2[0], y2[0] = [-1000.0], 1
+    other = train_nominal(cfg, Dataset("d", x2, y2, xq, np.array([1]), 2))
+    cert = Certifier(from_result(res)).certify(xq)
+    assert int(predicted_classes(_logits(res.spec, other, xq))[0]) != int(cert.prediction[0])
+    assert cert.max_certified_k[0] < 1
+    assert (Certifier(from_result(res)).certify(np.array([[0.5], [-2.0]])).max_certified_k
+            >= 0).all()
+
+
+def test_momentum_that_could_overflow_is_refused(tmp_path):
+    """sgdm with gamma = 2e37 (accepted: <= max / 16) and momentum 0.95: D's velocity stayed
+    finite near 3e38, a one-record neighbour's reached gamma / (1 - m) = 4e38 = inf and its
+    weight -inf, while D's run certified the query at k = 1. The guard now bounds the next
+    velocity m |v| + gamma + l2 |theta| too."""
+    big = 2e37
+    x = np.array([[big], [big], [big], [-big]])
+    y = np.zeros(4, dtype=np.int64)
+    ds = Dataset("d", x, y, np.array([[1.0]]), np.array([1]), 2)
+    cfg = config_from_dict(dict(
+        model=[{"linear": {"in": 1, "out": 1, "bias": False}}], loss="binary_cross_entropy",
+        data={"name": "blobs"}, optimizer="sgdm", momentum=0.95, learning_rate=1e-43,
+        lr_decay=0.0, n_epochs=40, batch_size="full", clip_gamma=big, k_values=[0, 1],
+        dtype="float32", device="cpu", pretrained=_init(tmp_path, **{"0.weight": [[0.5]]})))
+    x2 = x.copy()
+    x2[3] = [big]
+    other = train_nominal(cfg, Dataset("d", x2, y, ds.x_test, ds.y_test, 2))
+    assert not bool(torch.isfinite(other["0.weight"]).all()), "the neighbour overflows"
+    with pytest.raises(DataError, match="could overflow"):
+        train(cfg, ds)

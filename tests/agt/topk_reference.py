@@ -78,8 +78,8 @@ class ReferenceDescentAccumulator:
         # float64 rounding of the sums (|values| <= gamma), the nominal mean (accumulated in
         # float64, rounded once to the training dtype) and per-product underflow, for the
         # worst batch size within distance k (b - k .. b + k records: add-remove)
-        w = torch.tensor([[(2.0 * gamma_n(b + kk + self.k_max + 8, _U64)
-                            * (b + kk + self.k_max + 8) / max(1, b - kk)
+        w = torch.tensor([[(2.0 * gamma_n(b + 2 * kk + 8, _U64)
+                            * (b + 2 * kk + 8) / max(1, b - kk)
                             + 2.0 * fm.unit_roundoff + 8 * _U64 + _sum_slack(fm)) * self.gamma
                            + 2.0 * fm.absolute(1)] for kk in k.tolist()],
                          dtype=BOUND_DTYPE, device=device)
