@@ -93,7 +93,6 @@ class Certifier:
         self.body = Network(body_layers[:-1], self.spec.frozen_layers)
         self.last = len(self.spec.layers) - 1
         self.full = Network(self.spec.layers, 0)
-        self.trainable_net = Network.trainable(self.spec)
         self.n_logits = self.spec.n_logits
         self.trainable = self.spec.trainable_param_names()
         self.lower = {n: bundle.lower[n].to(self.device) for n in self.trainable}

@@ -282,7 +282,8 @@ class StabilityProblem:
         (gamma64_b + u64 + u) M, M = (G + ||dg||) R~ (1 + u); with ``clip_norm`` C the
         clipped gradient's ||dg|| <= h ||dz|| + sqrt(C) (2 tau + 2 eps_a + 2 u) and
         M = (min(G R~, C) + ||dg|| R~)(1 + u) (module docstring), and sqrt(P) (abs + abs_c)
-        for underflow of the products and of the cast; update theta - lr (d + l2 theta): u (l2 N + ||d + l2 theta||) lr + u lr ||.|| + u (N + lr ||.||). With
+        for underflow of the products and of the cast; update theta - lr (d + l2 theta):
+        u (l2 N + ||d + l2 theta||) lr + u lr ||.|| + u (N + lr ||.||). With
         ``compute64`` everything before the cast of the mean runs in float64 (coeff, abs,
         tau and the product and logit-gradient roundings at float64's u), the cast and the
         update in the dtype."""
