@@ -49,7 +49,7 @@ def laplace_flip_probability(scale: ArrayLike | float) -> NDArray[np.float64]:
 def cauchy_flip_probability(scale: ArrayLike | float) -> NDArray[np.float64]:
     """P(Cauchy(0, s) > 1/2) = 1/2 - arctan(1 / (2 s)) / pi; 0 for s = 0."""
     s = np.asarray(scale, dtype=np.float64)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):     # tiny s: arctan(inf) = pi/2, flip 0
         return 0.5 - np.arctan(1.0 / (2.0 * s)) / math.pi
 
 
