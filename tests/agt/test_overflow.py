@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from agt.bounded.network import Network
 from agt.certify import Certifier
 from agt.config import config_from_dict
 from agt.data import Dataset
@@ -22,6 +21,7 @@ from agt.tensors import predicted_classes
 from agt.training import train, train_nominal
 
 from tests.agt.test_stability import R, ball_data, distance, head
+from tests.helpers import logits
 
 F32 = float(torch.finfo(torch.float32).max)
 
@@ -30,12 +30,6 @@ def _init(tmp_path, **arrays) -> str:
     path = tmp_path / "init.npz"
     np.savez(path, **{k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
     return str(path)
-
-
-def _logits(spec, params, x, dtype=torch.float32):
-    z, _ = Network(spec.layers, 0).forward_nominal({k: v.to(dtype) for k, v in params.items()},
-                                                   torch.as_tensor(x, dtype=dtype))
-    return z
 
 
 def _two_ray_data(radius: float, extra_on_e1: bool):
@@ -116,7 +110,7 @@ def test_subnormal_domain_keeps_neighbours_inside_the_ball(tmp_path, lr):
     other = train_nominal(cfg, Dataset("tiny", x2, y2, ds.x_test, ds.y_test, 2))
     assert abs(float(other["0.weight"]) - served) <= res.ball_radius[1]
     cert = Certifier(from_result(res)).certify(ds.x_test)
-    pred = predicted_classes(_logits(res.spec, other, ds.x_test))
+    pred = predicted_classes(logits(res.spec, other, ds.x_test, torch.float32))
     assert cert.max_certified_k[0] < 1 or int(pred[0]) == int(cert.prediction[0])
 
 
@@ -135,7 +129,7 @@ def test_queries_whose_logits_could_overflow_are_not_certified(tmp_path, method)
     cfg = head(2, 2, **kw)
     res = train(cfg, ds)
     s = F32 / float(res.nominal["0.weight"][0, 0]) * 1.001
-    while not torch.isfinite(_logits(res.spec, res.nominal, [[s, 0.0]])[0, 0]):
+    while not torch.isfinite(logits(res.spec, res.nominal, [[s, 0.0]], torch.float32)[0, 0]):
         s = float(np.nextafter(np.float32(s), np.float32(0)))
     xq = np.array([[s, 0.0]])
     x2, y2 = ds.x_train.copy(), ds.y_train.copy()
@@ -145,7 +139,8 @@ def test_queries_whose_logits_could_overflow_are_not_certified(tmp_path, method)
     if method == "stability":
         assert distance(other, res.nominal) <= res.ball_radius[1]
     cert = Certifier(from_result(res)).certify(xq)
-    flipped = int(predicted_classes(_logits(res.spec, other, xq))[0]) != int(cert.prediction[0])
+    served = int(cert.prediction[0])
+    flipped = int(predicted_classes(logits(res.spec, other, xq, torch.float32))[0]) != served
     assert flipped, "the neighbour changes the prediction: a certificate at 1 would be false"
     assert cert.max_certified_k[0] < 1
     # ordinary queries of the same bundle still certify
@@ -198,7 +193,8 @@ def test_queries_that_overflow_inside_a_frozen_prefix_are_not_certified(tmp_path
     x2[0], y2[0] = [-1000.0], 1
     other = train_nominal(cfg, Dataset("d", x2, y2, xq, np.array([1]), 2))
     cert = Certifier(from_result(res)).certify(xq)
-    assert int(predicted_classes(_logits(res.spec, other, xq))[0]) != int(cert.prediction[0])
+    flipped_class = int(predicted_classes(logits(res.spec, other, xq, torch.float32))[0])
+    assert flipped_class != int(cert.prediction[0])
     assert cert.max_certified_k[0] < 1
     assert (Certifier(from_result(res)).certify(np.array([[0.5], [-2.0]])).max_certified_k
             >= 0).all()
