@@ -98,12 +98,9 @@ class _Scorer:
         self.gamma = float(cfg.clip_gamma)
         self.dtype = torch_dtype(cfg.dtype)
         self.problem = None
-        if cfg.clip_norm is not None:
-            layer = spec.layers[0]
-            self.problem = StabilityProblem.build(
-                cfg.loss, spec.n_logits, int(np.prod(spec.input_shape)), layer.bias,
-                UpdateRule.from_config(cfg, self.dtype).l2, cfg.input_norm_bound,
-                self.dtype, n_records=1, clip_norm=cfg.clip_norm, compute64=True)
+        if cfg.clip_norm is not None:        # only under stability: its clip floors
+            self.problem = StabilityProblem.for_model(
+                cfg, spec, UpdateRule.from_config(cfg, self.dtype).l2, n_records=1)
 
     def support(self, params: dict, direction: torch.Tensor, x: np.ndarray,
                 y: np.ndarray) -> torch.Tensor:

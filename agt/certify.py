@@ -99,7 +99,7 @@ class Certifier:
         self.upper = {n: bundle.upper[n].to(self.device) for n in self.trainable}
         #: per box (K,): the largest |parameter| of each trainable tensor in it; and of each
         #: frozen tensor (exact)
-        self.box_magnitude = {n: torch.maximum(self.lower[n].abs(), self.upper[n].abs())
+        self.box_magnitude = {n: Interval(self.lower[n], self.upper[n]).magnitude()
                               .flatten(1).amax(1).to(BOUND_DTYPE) for n in self.trainable}
         self.frozen_magnitude = {n: v.abs().max().to(BOUND_DTYPE) for n, v in self.nominal.items()
                                  if n not in self.trainable}

@@ -129,6 +129,7 @@ import torch
 from agt.bounded.losses import transcendental_slack
 from agt.errors import DataError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval, gamma
+from agt.tensors import torch_dtype
 
 #: sup of lambda_max of the loss Hessian in the logits
 HESSIAN_BOUND = {"cross_entropy": 0.5, "binary_cross_entropy": 0.25}
@@ -253,6 +254,16 @@ class StabilityProblem:
         return StabilityProblem(loss, n_logits, in_features, bias, float(l2), r, fm,
                                 None if clip_norm is None else float(clip_norm),
                                 bool(compute64))
+
+    @staticmethod
+    def for_model(cfg, spec, l2: float, n_records: int) -> "StabilityProblem":
+        """The constants of a ``bound_method: stability`` config whose model ``spec`` (with
+        its input shape) is one trainable linear layer; ``l2`` the update rule's (rounded)
+        L2 coefficient, ``n_records`` the training set size."""
+        return StabilityProblem.build(
+            cfg.loss, spec.n_logits, int(np.prod(spec.input_shape)), spec.layers[0].bias, l2,
+            cfg.input_norm_bound, torch_dtype(cfg.dtype), n_records=n_records,
+            clip_norm=cfg.clip_norm, compute64=cfg.k_boxes == "ball")
 
     def clip_floors(self, x: torch.Tensor) -> torch.Tensor:
         """a_i = min(1, C / (G ||x~_i||)) (n,) float64 for the records ``x`` (n, ...) as the

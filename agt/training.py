@@ -183,7 +183,7 @@ class _Trainer:
         self.y = torch.as_tensor(ds.y_train, dtype=torch.int64, device=device)
         self.x_nominal, self.x_bounds = self._features(x)
         xb = self.x_bounds
-        self.x_magnitude = float(torch.maximum(xb.lo.abs(), xb.hi.abs()).max()) \
+        self.x_magnitude = float(xb.magnitude().max()) \
             if isinstance(xb, Interval) else float(xb.abs().max()) if xb.numel() else 0.0
         self.x_overflows = not (bool(torch.isfinite(x).all())
                                 and bool(torch.isfinite(self.x_nominal).all()))
@@ -195,11 +195,7 @@ class _Trainer:
         self.x_compute = self.x_nominal
         if cfg.bound_method == "stability":
             check_domain(self.x_bounds.cpu().numpy(), cfg.input_norm_bound)
-            layer = self.spec.layers[0]
-            self.stability = StabilityProblem.build(
-                cfg.loss, self.spec.n_logits, int(self.x_nominal[0].numel()), layer.bias,
-                self.rule.l2, cfg.input_norm_bound, self.dtype, n_records=self.n,
-                clip_norm=cfg.clip_norm, compute64=cfg.k_boxes == "ball")
+            self.stability = StabilityProblem.for_model(cfg, self.spec, self.rule.l2, self.n)
             if self.stability.compute64:
                 self.compute_dtype, self.x_compute = torch.float64, self.x_bounds
             if cfg.clip_norm is not None:
@@ -377,8 +373,8 @@ class _Trainer:
         l2 |theta|) + lr |v|, its gradient term g <= gamma + l2 |theta|, the next velocity
         <= m |v| + g. Each must stay below max(dtype) / 16."""
         limit = torch.finfo(self.dtype).max / 16.0
-        mags = {n: float(torch.maximum(b.lo.abs(), b.hi.abs()).max()) for n, b in boxes.items()}
-        v_mag = max((float(torch.maximum(v.lo.abs(), v.hi.abs()).max())
+        mags = {n: float(b.magnitude().max()) for n, b in boxes.items()}
+        v_mag = max((float(v.magnitude().max())
                      for v in (vboxes or {}).values() if v is not None), default=0.0)
         worst, fans = self.net.forward_magnitudes(mags, self.x_magnitude)
         worst = float(worst)

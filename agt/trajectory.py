@@ -213,11 +213,10 @@ class TrajectoryBounds:
             d_mag = self.gam + eps
             self.mean_eps += (abs(alpha[t]) + self.eta * alpha_bar[t]) * eps
             self.alpha_abs_gamma += alpha_bar[t] * d_mag
-            theta_mag = torch.maximum(lo.abs(), hi.abs())
+            theta_mag = Interval(lo, hi).magnitude()
             v_mag = None
             if s.velocity is not None and s.velocity.get(self.names[0]) is not None:
-                v_mag = self._flat({n: torch.maximum(s.velocity[n].lo.abs(), s.velocity[n].hi.abs())
-                                    for n in self.names})
+                v_mag = self._flat({n: s.velocity[n].magnitude() for n in self.names})
             # the update's own rounding, as the interval pass charges it (agt/optim.py:
             # magnitudes of the nominal computation's intermediates), carried to theta_T
             for cf, weight, bar in ((mags[t][0], beta[t], beta_bar[t]),
@@ -233,7 +232,7 @@ class TrajectoryBounds:
         # (K, C, d~): bound on |theta_T - the exact formula| per coordinate (times 1 + 1e-9
         # for its own float64 evaluation: a few hundred operations at most)
         self.residue = (residue * (1.0 + 1e-9)) * (1.0 + self.eta)
-        final = self._flat({n: torch.maximum(bundle.lower[n].abs(), bundle.upper[n].abs())
+        final = self._flat({n: Interval(bundle.lower[n], bundle.upper[n]).magnitude()
                             for n in self.names})
         self.final_mag = final                                # (K, C, d~)
         self.n_records = int(self.x.shape[0])
