@@ -182,7 +182,7 @@ def _answered(mech, inputs, n: int, q: int) -> float:
         sub = inputs.subset(c)
         _, radius = answer_and_radius(sub)
         total += gated_correct_probability(np.ones(len(radius), bool), np.full(len(radius), fb),
-                                           radius, mech.threshold, *mech._scales,
+                                           radius, mech.threshold, *mech.rates,
                                            int(mech.cutoff)).sum()
     return min(1.0, total / n)
 

@@ -8,7 +8,7 @@ delta) over an inference budget of B queries):
                      dp-sgd (Opacus, delta > 0 only; Figs. 1-3 and the regimes);
   private prediction pred-sens, pred-sens-gauss (noisy logits), df-exp (Dwork-Feldman
                      exponential mechanism on T disjoint teachers' votes, 2-beta constant),
-                     lnmax (GNMax-style noisy argmax, Laplace) per query; df-exp-zcdp as one
+                     lnmax (PATE-style noisy argmax, discrete Laplace) per query; df-exp-zcdp as one
                      (eps, delta) session over the B queries (Thm 8 via zCDP);
   AGT                ss-argmax, exp-radius, ptr on one AGT model's radius, ens-exp-radius on
                      an AGT ensemble's radius; binary adds gs, ss-cauchy, ss-laplace.
@@ -37,7 +37,7 @@ PCA basis is fit on the *test inputs* (the queries, which the querier sends; the
 are not used), never on the private training set, so no guarantee has to cover it. Fig. 4
 uses the first n records of the training split (a data-independent rule).
 
-Accuracy. Monte Carlo mechanisms (model-sens*, pred-sens*, and lnmax): the mean ± std over
+Accuracy. Monte Carlo mechanisms (model-sens*, pred-sens*): the mean ± std over
 `repeats` simulated deployments, each releasing every test query through a fresh in-memory ledger
 (experiments/accuracy.py); loss perturbation: `loss_repeats` deployments (one optimisation
 each). Mechanisms with an exact law (vote and radius mechanisms): the exact expectation
@@ -96,10 +96,9 @@ TRAINING = ("model-sens", "model-sens-gauss", "loss-pert", "loss-pert-gauss", "d
 PREDICTION = ("pred-sens", "pred-sens-gauss", "df-exp", "df-exp-zcdp", "lnmax")
 AGT_MULTI = ("ss-argmax", "exp-radius", "ptr", "ens-exp-radius")
 AGT_BINARY = ("gs", "ss-cauchy", "ss-laplace")
-# Sampled rows: Monte Carlo mechanisms (their correct_probability is an estimate), and lnmax,
-# whose exact multi-class law is a numerical integral too slow for the study's grid
+# Sampled rows: Monte Carlo mechanisms (their correct_probability is an estimate)
 SAMPLED_ONLY = ("model-sens", "model-sens-gauss", "pred-sens", "pred-sens-gauss",
-                "loss-pert", "loss-pert-gauss", "lnmax")
+                "loss-pert", "loss-pert-gauss")
 FIGURES = ("eps", "budget", "delta", "n", "dim", "lambda_t")
 COLORS = {"model-sens": "tab:blue", "model-sens-gauss": "tab:blue", "loss-pert": "tab:cyan",
           "loss-pert-gauss": "tab:cyan", "pred-sens": "tab:orange",

@@ -7,11 +7,22 @@ that must change, the ensemble radii and their 1-Lipschitz proofs) is in mechani
 Releases (per query; one neighbour moves at most one vote: every count changes by <= 1 and
 the count vector has L1 sensitivity 2)
 ----------------------------------------------------------------------------------------------
-* lnmax (PATE 2017's LNMax; noisy argmax at global sensitivity): argmax_c (n_c + Z_c),
-  Z_c i.i.d. Laplace(2/eps). eps-DP: a Laplace mechanism on an L1-sensitivity-2 vector
-  (Dwork-Roth Thm 3.6) and post-processing. Binary: P(label = 1) = P(Z_1 - Z_0 > n_0 - n_1)
-  with P(W > t) = exp(-t/b) (2 + t/b) / 4 for t >= 0, b = 2/eps; C > 2: one-dimensional
-  quadrature of prod_j F(n_y - n_j + z) against the density of Z_y.
+* lnmax (PATE 2017's LNMax, on the integers; noisy argmax at global sensitivity):
+  argmax_c (n_c + Z_c), Z_c i.i.d. discrete Laplace with P(Z = z) = kappa a^|z|,
+  a = exp(-eps/2), kappa = (1 - a) / (1 + a) (scale 2/eps, as PATE's continuous Laplace),
+  ties broken uniformly at random. The counts are integers, so integer noise can be drawn
+  exactly (mechanisms/exact.py); continuous Laplace cannot. eps-DP: first for ties broken
+  by a fixed priority order pi. Fix the other classes' noises; class i wins iff
+  Z_i >= tau(D) = max(max_{j before i} (n_j + Z_j) + 1, max_{j after i} (n_j + Z_j)) - n_i,
+  an integer. A neighbour changes every count by at most 1, so tau(D') <= tau(D) + 2, and
+  the survival function S(t) = P(Z >= t) satisfies S(t + 1) >= a S(t) for every integer t
+  (S(t) = a^t / (1 + a) for t >= 0: ratio a; S(t) = 1 - a^(1-t) / (1 + a) for t < 0:
+  S(t + 1) >= a S(t) iff 1 - a^2 >= a^(-t) (1 - a^2), true as a^(-t) <= 1). Hence
+  P_D'(i | Z_-i) >= a^2 P_D(i | Z_-i) = e^-eps P_D(i | Z_-i); integrating over Z_-i and
+  swapping D, D' gives eps-DP. Breaking ties uniformly at random is the mixture over a
+  uniformly random order pi, drawn independently of the data: a mixture of eps-DP
+  mechanisms with data-independent weights is eps-DP. The exact law is
+  `lnmax_probabilities` (closed forms for the noise tails, a direct sum in between).
 * ens-ss-laplace / ens-ss-cauchy (AGT Cor 5.2 + Thm 5.3, binary): the smooth-sensitivity
   release of smooth.py on the ensemble answer with the ensemble radius.
 * ens-ptr / ens-ptr-votes (propose-test-release; Dwork-Lei 2009, Thakurta-Smith 2013): s = the
@@ -54,11 +65,12 @@ from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.base import REFUSED, Mechanism, register
 from mechanisms.checks import check_params, privacy_problems
-from mechanisms.exact import exponential_choice
+from mechanisms.exact import discrete_laplace, exponential_choice
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Votes
-from mechanisms.noise import (correct_from_flip, flip_probability, laplace_flip_probability,
-                              ptr_draw, ptr_release_probability, ptr_threshold, threshold_draw)
+from mechanisms.noise import (correct_from_flip, discrete_laplace_cdf, discrete_laplace_pmf,
+                              flip_probability, laplace_flip_probability, ptr_draw,
+                              ptr_release_probability, ptr_threshold, threshold_draw)
 from mechanisms.smooth import SmoothSensitivity, smooth_note
 from mechanisms.votes import (RADIUS_RULES, aggregate, counts_of, ensemble_radius,
                               flips_needed, ptr_distance, vote_counts)
@@ -71,67 +83,106 @@ __all__ = ["RADIUS_RULES", "vote_counts", "aggregate", "flips_needed", "ensemble
 # ---------------------------------------------------------------------------------------------
 # Closed forms of noisy argmax
 
+def lnmax_rate(epsilon: float) -> Fraction:
+    """The discrete Laplace rate eps / 2 per vote count (the counts have L1 sensitivity 2),
+    as the exact rational value of the float eps / 2."""
+    return Fraction(float(epsilon)) / 2
+
+
 def lnmax_scale(epsilon: float) -> float:
-    """Laplace scale b = 2 / eps per vote count (L1 sensitivity of the counts is 2)."""
-    return 2.0 / float(epsilon)
+    """The noise scale 1 / rate = 2 / eps (for messages)."""
+    return float(1 / lnmax_rate(epsilon))
 
 
-def _difference_tail(t: NDArray[np.float64], b: float) -> NDArray[np.float64]:
-    """P(Z_1 - Z_0 > t) for Z_c i.i.d. Laplace(b)."""
-    u = np.abs(t) / b
-    upper = np.exp(-u) * (2.0 + u) / 4.0
-    return np.where(t >= 0, upper, 1.0 - upper)
+def _gauss_legendre_unit(n_classes: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Nodes and weights on [0, 1] that integrate polynomials of degree n_classes - 1
+    exactly (ceil(C / 2) Gauss-Legendre points)."""
+    t, w = np.polynomial.legendre.leggauss(max(1, (n_classes + 1) // 2))
+    return (t + 1.0) / 2.0, w / 2.0
 
 
-def _laplace_cdf(x: NDArray[np.float64], b: float) -> NDArray[np.float64]:
-    return np.where(x < 0, 0.5 * np.exp(np.minimum(x, 0) / b), 1.0 - 0.5 * np.exp(-np.maximum(x, 0) / b))
+def _exclusive_product(f: NDArray[np.float64], axis: int) -> NDArray[np.float64]:
+    """out[..., y, ...] = prod_{j != y} f[..., j, ...] along `axis`, without dividing (a
+    factor may underflow to 0)."""
+    f = np.moveaxis(f, axis, -1)
+    ones = np.ones(f.shape[:-1] + (1,))
+    before = np.cumprod(np.concatenate([ones, f[..., :-1]], axis=-1), axis=-1)
+    after = np.cumprod(np.concatenate([ones, f[..., :0:-1]], axis=-1), axis=-1)[..., ::-1]
+    return np.moveaxis(before * after, -1, axis)
 
 
 def lnmax_probabilities(counts: ArrayLike, epsilon: float) -> NDArray[np.float64]:
-    """P(argmax_c (n_c + Z_c) = y) for every class y, (Q, C), Z_c i.i.d. Laplace(2/eps).
+    """P(lnmax releases y) for every class y, (Q, C): counts n, Z_c i.i.d. discrete Laplace
+    of rate g = eps / 2 (a = e^-g), ties broken uniformly at random.
 
-    Two classes: exact. More: P(y) = E_z[prod_{j != y} F(n_y - n_j + z)] over z ~ Laplace(b),
-    F the Laplace CDF, by Simpson's rule on z in [-40 b, 40 b] (the mass beyond is below
-    e^-40) with about 4000 points. The step is a power of two, so z = 0, where the density has
-    its kink, and (for b up to ~50) every integer gap, where the CDFs' second derivatives
-    jump, are panel boundaries; the result is accurate to about 1e-9."""
-    n = np.asarray(counts, dtype=np.float64)
-    b = lnmax_scale(epsilon)
-    if n.shape[1] == 2:     # both tails directly: no cancellation in 1 - p
-        return np.stack([_difference_tail(n[:, 1] - n[:, 0], b),
-                         _difference_tail(n[:, 0] - n[:, 1], b)], axis=1)
-    half = 40.0 * b
-    h = 2.0 ** math.floor(math.log2(half / 2048.0))
-    m = int(math.ceil(half / h / 2.0)) * 2                    # even: the 2h grid ends on it
-    z = np.arange(-m, m + 1) * h
-    density = np.exp(-np.abs(z) / b) / (2.0 * b)
-    w_h = np.full(z.shape, h)
-    w_h[[0, -1]] *= 0.5
-    w_2h = np.zeros(z.shape)
-    w_2h[::2] = 2.0 * h
-    w_2h[[0, -1]] *= 0.5
-    weights = (4.0 * w_h - w_2h) / 3.0 * density               # Simpson = Romberg on h, 2h
-    q, c = n.shape
-    out = np.empty_like(n)
-    chunk = max(1, (1 << 22) // (c * z.size))
-    for q0 in range(0, q, chunk):
-        part = n[q0:q0 + chunk]
-        for y in range(c):
-            gap = part[:, y:y + 1, None] - part[:, :, None] + z[None, None, :]   # (q, C, Z)
-            cdf = _laplace_cdf(gap, b)
-            cdf[:, y, :] = 1.0
-            out[q0:q0 + chunk, y] = np.prod(cdf, axis=1) @ weights
+    With v the value of n_y + Z_y, L_j(v) = P(n_j + Z_j < v), E_j(v) = P(n_j + Z_j = v):
+        P(y) = sum_v P(Z_y = v - n_y) int_0^1 prod_{j != y} (L_j(v) + x E_j(v)) dx,
+    since int_0^1 x^m dx = 1 / (m + 1) is the chance to win an m-fold tie. Split at
+    lo = min n, hi = max n:
+    * v <= lo: every factor is a geometric term, and the sum is
+      a^(N - C lo) / (C (1 + a)^C), N = sum n (the same for every y);
+    * v > hi: L_j + x E_j = 1 - a^(v - n_j) (1 - x (1 - a)) / (1 + a); substituting
+      s = a^(v - hi - 1) (1 - x (1 - a)) turns the sum over v and the integral over x into
+      one integral over s in (0, 1]:
+      a_y / (1 + a) int_0^1 prod_{j != y} (1 - a_j s / (1 + a)) ds, a_j = a^(hi + 1 - n_j);
+    * lo < v <= hi (at most max n - min n values): summed directly.
+    The x and s integrands are polynomials of degree C - 1, integrated exactly by
+    Gauss-Legendre; every term is non-negative, so float rounding stays relative."""
+    n = np.asarray(counts, dtype=np.int64)
+    if n.ndim != 2 or n.shape[1] < 1:
+        raise ValueError(f"counts must have shape (Q, C), got {n.shape}")
+    q_total, c = n.shape
+    g = float(lnmax_rate(epsilon))
+    a = math.exp(-g)
+    x, w = _gauss_legendre_unit(c)
+
+    def power(k):                          # a^k for integer arrays k >= 0
+        return np.exp(-g * k.astype(np.float64))
+
+    out = np.empty((q_total, c))
+    chunk = max(1, (1 << 21) // (c * x.size * max(1, int(np.ptp(n, axis=1).max(initial=0)))))
+    for q0 in range(0, q_total, chunk):
+        m = n[q0:q0 + chunk]
+        lo, hi = m.min(axis=1), m.max(axis=1)
+        low = power(m.sum(axis=1) - c * lo) / (c * (1.0 + a) ** c)
+        tail = power(hi[:, None] + 1 - m)                                    # (q, C)
+        factor = 1.0 - tail[:, :, None] * x[None, None, :] / (1.0 + a)       # (q, C, X)
+        high = tail / (1.0 + a) * (_exclusive_product(factor, axis=1) @ w)
+        span = int((hi - lo).max(initial=0))
+        v = lo[:, None] + np.arange(1, span + 1)[None, :]                    # (q, V)
+        inside = v <= hi[:, None]
+        gap = v[:, :, None] - m[:, None, :]                                  # (q, V, C)
+        pmf = discrete_laplace_pmf(gap, g)
+        f = discrete_laplace_cdf(gap - 1, g)[..., None] + pmf[..., None] * x  # (q, V, C, X)
+        ties = _exclusive_product(f, axis=2) @ w                             # (q, V, C)
+        middle = (np.where(inside[:, :, None], pmf, 0.0) * ties).sum(axis=1)
+        out[q0:q0 + chunk] = low[:, None] + middle + high
     return np.clip(out, 0.0, 1.0)
+
+
+def lnmax_draw(counts: NDArray[np.int64], epsilon: float,
+               rng: np.random.Generator) -> NDArray[np.int64]:
+    """argmax_c (n_c + Z_c) per row, Z_c exact discrete Laplace draws of rate eps / 2, a
+    tie won by a uniformly chosen maximiser (exact integers: rng.integers only)."""
+    rate = lnmax_rate(epsilon)
+    out = np.empty(len(counts), dtype=np.int64)
+    for q, row in enumerate(np.asarray(counts).tolist()):
+        noisy = [int(n) + discrete_laplace(rate, rng) for n in row]
+        top = max(noisy)
+        winners = [j for j, value in enumerate(noisy) if value == top]
+        out[q] = winners[int(rng.integers(0, len(winners)))] if len(winners) > 1 else winners[0]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Mechanism objects
 
 @register("lnmax", inputs=Votes, needs_delta=False,
-          summary="noisy argmax over the vote counts, Laplace(2/eps), eps-DP; any classes")
+          summary="noisy argmax over the vote counts, discrete Laplace(2/eps), eps-DP; any classes")
 @dataclass(frozen=True)
 class NoisyArgmax(Mechanism):
-    """argmax_c (n_c + Laplace(2/eps)): eps-DP per query (module docstring)."""
+    """argmax_c (n_c + discrete Laplace(2/eps)), random tie-break: eps-DP per query (module
+    docstring)."""
 
     epsilon: float
     delta: float | None = None
@@ -147,14 +198,12 @@ class NoisyArgmax(Mechanism):
 
     def guarantee(self, relation: str) -> Guarantee:
         return Guarantee(float(self.epsilon), 0.0, relation, self.name,
-                         f"noisy argmax over the T vote counts, Laplace({lnmax_scale(self.epsilon)!r})"
-                         " per count: one record moves one teacher's vote (L1 sensitivity 2), "
-                         "Laplace mechanism + post-processing")
+                         f"noisy argmax over the T vote counts, discrete Laplace of scale "
+                         f"{lnmax_scale(self.epsilon)!r} per count, random tie-break: one record "
+                         "moves one teacher's vote (every count changes by at most 1)")
 
     def _draw(self, inputs: Votes, rng):
-        counts = counts_of(inputs.votes, inputs.n_classes).astype(np.float64)
-        noisy = counts + rng.laplace(0.0, lnmax_scale(self.epsilon), size=counts.shape)
-        return noisy.argmax(axis=1)
+        return lnmax_draw(counts_of(inputs.votes, inputs.n_classes), self.epsilon, rng)
 
     def _correct(self, inputs: Votes, y):
         p = lnmax_probabilities(counts_of(inputs.votes, inputs.n_classes), self.epsilon)

@@ -1,5 +1,6 @@
-"""Exact samplers for the discrete releases (exp-radius, ens-exp-radius, df-exp; through
-mechanisms/noise.py also the binary Laplace threshold releases and PTR).
+"""Exact samplers for the releases (exp-radius, ens-exp-radius, df-exp, lnmax, the sparse
+vector; through mechanisms/noise.py also the binary Laplace and Cauchy threshold releases
+and PTR).
 
 Why. A float sampler realises another distribution than the one the proof is about:
 ``rng.random()`` returns multiples of 2^-53, so ``rng.random() < p`` happens with
@@ -23,17 +24,42 @@ went over e^eps the same way. The samplers below draw from the exact distributio
   (d_j >= 0 rational, min d_j = 0), by rejection: a uniform class j is accepted with
   probability exp(-d_j) (`bernoulli_exp`); the accepted class has exactly that law, and
   at most C proposals are needed on average (the class of deficit 0 is always accepted).
+* `bernoulli_arctan_over_pi(x)`, x >= 0 rational: Bernoulli(arctan(x) / pi), the flip
+  probability of a binary Cauchy release (mechanisms/noise.py). p is irrational, so u is
+  compared with rigorous rational enclosures lo <= p <= hi, and more digits of u and of p
+  are drawn until u lies on one side: the decision is always u < p, so it happens with
+  probability exactly p (u = p has probability 0), and the first stage (p to 2^-64)
+  decides all but a 2^-60 fraction of calls. The enclosures: Euler's series
+  arctan(x) = sum_n t_n, t_0 = x / (1 + x^2), t_(n+1) = t_n (2n + 2) / (2n + 3) x^2 / (1 + x^2)
+  has positive terms whose ratio is below y = x^2 / (1 + x^2), so the tail after t_N is at
+  most t_N y / (1 - y) = t_N x^2; arguments are first reduced below 3/7
+  (`_arctan_over_pi_bounds`), and pi = 16 arctan(1/5) - 4 arctan(1/239) (Machin) comes
+  from the same enclosures.
+* `uniform_below(m)`: an integer uniform on {0, ..., m - 1} for any m >= 1, by rejection
+  from the generator's 62-bit integers (Python integers: m may exceed 2^63).
+* `discrete_laplace(rate)`: Z on the integers with P(Z = z) proportional to
+  exp(-rate |z|), rate = s / t > 0 rational, by Canonne, Kamath & Steinke 2020, Alg. 2:
+  U uniform on {0, ..., t - 1}, kept with probability exp(-U / t); V the number of
+  successes of Bernoulli(exp(-1)) before the first failure; X = U + t V then has
+  P(X = x) proportional to exp(-U / t) exp(-V) = exp(-x / t) (x >= 0 determines U and V),
+  and Y = floor(X / s) has P(Y = y) proportional to sum_{x = ys}^{ys + s - 1} exp(-x / t),
+  i.e. to exp(-y s / t); a fair sign, rejecting "-0" so that 0 is not counted twice, gives
+  the two-sided law. Expected work is O(1) whatever the rate (the keep step accepts with
+  probability 1 - 1/e on average for large t).
 
 mechanisms/noise.py draws the binary Laplace threshold releases and the PTR tests through
-`bernoulli` and `bernoulli_exp` too (their outcomes have closed-form laws). The Cauchy
-releases, lnmax, the sparse vector's noises and the convex mechanisms' Gaussian noises are
-still drawn in floating point; README "What is private and what is not" states what that
-leaves.
+`bernoulli` and `bernoulli_exp` too (their outcomes have closed-form laws), and lnmax
+(mechanisms/ensemble.py) adds `discrete_laplace` noise to its integer vote counts. The
+binary Cauchy releases through `bernoulli_arctan_over_pi`, and the sparse vector adds
+`discrete_laplace` noise to the integer radii. ss-argmax's Cauchy noises for more than two
+classes and the convex mechanisms' Gaussian noises are still drawn in floating point;
+README "What is private and what is not" states what that leaves.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 
@@ -46,7 +72,15 @@ def bernoulli(p: Fraction, rng: np.random.Generator) -> bool:
         return False
     if p >= 1:
         return True
-    num, den = p.numerator, p.denominator
+    return _bernoulli_ratio(p.numerator, p.denominator, rng)
+
+
+def _bernoulli_ratio(num: int, den: int, rng: np.random.Generator) -> bool:
+    """True with probability num / den (integers; plain ints keep the loop cheap)."""
+    if num <= 0:
+        return False
+    if num >= den:
+        return True
     while True:
         bits = int(rng.integers(0, 1 << _BITS))
         for i in range(_BITS - 1, -1, -1):
@@ -65,17 +99,18 @@ def bernoulli_exp(gamma: Fraction, rng: np.random.Generator) -> bool:
     """True with probability exactly exp(-gamma), gamma >= 0 rational (module docstring)."""
     if gamma < 0:
         raise ValueError(f"bernoulli_exp needs gamma >= 0, got {gamma}")
-    whole = int(gamma)                          # floor for gamma >= 0
+    num, den = gamma.numerator, gamma.denominator
+    whole, rest = divmod(num, den)              # gamma = whole + rest / den
     for _ in range(whole):
-        if not _bernoulli_exp_unit(Fraction(1), rng):
+        if not _bernoulli_exp_unit(1, 1, rng):
             return False
-    return _bernoulli_exp_unit(gamma - whole, rng)
+    return _bernoulli_exp_unit(rest, den, rng)
 
 
-def _bernoulli_exp_unit(gamma: Fraction, rng: np.random.Generator) -> bool:
-    """Bernoulli(exp(-gamma)) for gamma in [0, 1]."""
+def _bernoulli_exp_unit(num: int, den: int, rng: np.random.Generator) -> bool:
+    """Bernoulli(exp(-gamma)) for gamma = num / den in [0, 1]."""
     k = 1
-    while bernoulli(gamma / k, rng):
+    while _bernoulli_ratio(num, den * k, rng):
         k += 1
     return k % 2 == 1
 
@@ -89,3 +124,109 @@ def exponential_choice(deficits: list[Fraction], rng: np.random.Generator) -> in
         j = int(rng.integers(0, len(deficits)))
         if bernoulli_exp(deficits[j], rng):
             return j
+
+
+def uniform_below(m: int, rng: np.random.Generator) -> int:
+    """An integer uniform on {0, ..., m - 1}, m >= 1 (any size)."""
+    if m < 1:
+        raise ValueError(f"uniform_below needs m >= 1, got {m}")
+    bits = (m - 1).bit_length()
+    while True:
+        x, have = 0, 0
+        while have < bits:
+            x = (x << _BITS) | int(rng.integers(0, 1 << _BITS))
+            have += _BITS
+        x >>= have - bits                       # exactly uniform on [0, 2^bits)
+        if x < m:                               # accepted with probability > 1/2
+            return x
+
+
+def discrete_laplace(rate: Fraction, rng: np.random.Generator) -> int:
+    """An integer Z with P(Z = z) = (1 - a) / (1 + a) a^|z|, a = exp(-rate), rate > 0
+    rational (module docstring: Canonne, Kamath & Steinke 2020, Alg. 2)."""
+    if rate <= 0:
+        raise ValueError(f"discrete_laplace needs rate > 0, got {rate}")
+    s, t = rate.numerator, rate.denominator
+    while True:
+        u = uniform_below(t, rng)
+        if not _bernoulli_exp_unit(u, t, rng):            # exp(-u / t), u / t < 1
+            continue
+        v = 0
+        while _bernoulli_exp_unit(1, 1, rng):             # exp(-1)
+            v += 1
+        y = (u + t * v) // s
+        negative = int(rng.integers(0, 2)) == 1
+        if negative and y == 0:
+            continue
+        return -y if negative else y
+
+
+def _arctan_bounds(x: Fraction, precision: int) -> tuple[Fraction, Fraction]:
+    """lo <= arctan(x) <= hi with hi - lo <= 2^-precision (about), for 0 <= x <= 1: Euler's
+    series (module docstring) in fixed point, M = 2^(precision + 8) units, each term kept
+    as a floor and a ceiling of its exact value (the recurrence multiplies by a positive
+    rational, so floor and ceiling stay on their sides), plus the tail bound t_N x^2
+    rounded up."""
+    a, b = x.numerator, x.denominator
+    a2, norm = a * a, a * a + b * b
+    scale = 1 << (precision + 8)
+    low = high = 0
+    t_low = (scale * a * b) // norm
+    t_high = -((-scale * a * b) // norm)
+    n = 0
+    while True:
+        low += t_low
+        high += t_high
+        tail = -((-t_high * a2) // (b * b))                   # ceil(t_N x^2)
+        if tail <= 256:
+            return Fraction(low, scale), Fraction(high + tail, scale)
+        ratio_num, ratio_den = (2 * n + 2) * a2, (2 * n + 3) * norm
+        t_low = (t_low * ratio_num) // ratio_den
+        t_high = -((-t_high * ratio_num) // ratio_den)
+        n += 1
+
+
+@lru_cache(maxsize=8)
+def _pi_bounds(precision: int) -> tuple[Fraction, Fraction]:
+    """lo <= pi <= hi, hi - lo <= 2^-(precision - 5) (Machin's formula)."""
+    a_lo, a_hi = _arctan_bounds(Fraction(1, 5), precision)
+    b_lo, b_hi = _arctan_bounds(Fraction(1, 239), precision)
+    return 16 * a_lo - 4 * b_hi, 16 * a_hi - 4 * b_lo
+
+
+def _arctan_over_pi_bounds(x: Fraction, precision: int) -> tuple[Fraction, Fraction]:
+    """lo <= arctan(x) / pi <= hi for x >= 0, to about 2^-(precision - 6). The series runs
+    on an argument w <= 3/7 (y = w^2 / (1 + w^2) < 0.16: 2.6 bits a term), by
+    arctan(x) = pi/4 -+ arctan(|1 - x| / (1 + x)) near 1 and pi/2 - arctan(1/x) above."""
+    pi_lo, pi_hi = _pi_bounds(precision)
+    if x <= Fraction(2, 5):
+        w, offset, sign = x, Fraction(0), 1
+    elif x <= 1:
+        w, offset, sign = (1 - x) / (1 + x), Fraction(1, 4), -1
+    elif x < Fraction(5, 2):
+        w, offset, sign = (x - 1) / (x + 1), Fraction(1, 4), 1
+    else:
+        w, offset, sign = 1 / x, Fraction(1, 2), -1
+    a_lo, a_hi = _arctan_bounds(w, precision)                 # arctan(w) in [a_lo, a_hi]
+    low, high = a_lo / pi_hi, a_hi / pi_lo                    # arctan(w) / pi, a_lo >= 0
+    return (offset + low, offset + high) if sign > 0 else (offset - high, offset - low)
+
+
+def bernoulli_arctan_over_pi(x: Fraction, rng: np.random.Generator) -> bool:
+    """True with probability exactly arctan(x) / pi, x >= 0 rational (module docstring)."""
+    if x < 0:
+        raise ValueError(f"bernoulli_arctan_over_pi needs x >= 0, got {x}")
+    if x == 0:
+        return False
+    u, digits = 0, 0                            # u in [u / 2^digits, (u + 1) / 2^digits)
+    precision = 64
+    while True:
+        lo, hi = _arctan_over_pi_bounds(x, precision)
+        while digits < precision:
+            u = (u << _BITS) | int(rng.integers(0, 1 << _BITS))
+            digits += _BITS
+        if Fraction(u + 1, 1 << digits) <= lo:
+            return True
+        if Fraction(u, 1 << digits) >= hi:
+            return False
+        precision *= 2

@@ -9,9 +9,14 @@ Threshold releases (global_sens.py, smooth.py) output 1[f + s Z > 1/2] for a nom
 prediction f and Z Laplace(0, 1) or standard Cauchy. They differ from f ("flip") exactly when
 the noise crosses 1/2 towards the other label; by symmetry of Z,
     Laplace, scale s:  P(flip) = P(s Z > 1/2) = 0.5 * exp(-1 / (2 s))
-    Cauchy,  scale s:  P(flip) = P(s Z > 1/2) = 1/2 - arctan(1 / (2 s)) / pi.
-The Laplace releases and the PTR tests draw their outcomes from these closed forms exactly
-(mechanisms/exact.py); the Cauchy ones still draw Z in floating point.
+    Cauchy,  scale s:  P(flip) = P(s Z > 1/2) = 1/2 - arctan(1 / (2 s)) / pi = arctan(2 s) / pi.
+The threshold releases and the PTR tests draw their outcomes from these closed forms exactly
+(mechanisms/exact.py), with s the float the code computed.
+
+lnmax and the sparse vector add discrete Laplace noise to integers (vote counts, radii):
+P(Z = z) = kappa a^|z|, a = exp(-g) for a rate g > 0, kappa = (1 - a) / (1 + a), with
+P(Z <= k) = a^-k / (1 + a) for k < 0 and 1 - a^(k+1) / (1 + a) for k >= 0
+(`discrete_laplace_pmf`, `discrete_laplace_cdf`; drawn by `exact.discrete_laplace`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.checks import check_delta, check_epsilon, privacy_problems
-from mechanisms.exact import bernoulli, bernoulli_exp
+from mechanisms.exact import bernoulli, bernoulli_arctan_over_pi, bernoulli_exp
 
 NoiseKind = Literal["laplace", "cauchy"]
 NOISE_KINDS: tuple[str, ...] = ("laplace", "cauchy")
@@ -47,10 +52,11 @@ def laplace_flip_probability(scale: ArrayLike | float) -> NDArray[np.float64]:
 
 
 def cauchy_flip_probability(scale: ArrayLike | float) -> NDArray[np.float64]:
-    """P(Cauchy(0, s) > 1/2) = 1/2 - arctan(1 / (2 s)) / pi; 0 for s = 0."""
+    """P(Cauchy(0, s) > 1/2) = arctan(2 s) / pi (= 1/2 - arctan(1 / (2 s)) / pi, without its
+    cancellation at small s); 0 for s = 0, 1/2 for s = inf."""
     s = np.asarray(scale, dtype=np.float64)
-    with np.errstate(divide="ignore", over="ignore"):     # tiny s: arctan(inf) = pi/2, flip 0
-        return 0.5 - np.arctan(1.0 / (2.0 * s)) / math.pi
+    with np.errstate(over="ignore"):                      # 2 s = inf: arctan is pi/2, as meant
+        return np.arctan(2.0 * s) / math.pi
 
 
 def flip_probability(scale: ArrayLike | float, noise: NoiseKind) -> NDArray[np.float64]:
@@ -66,18 +72,33 @@ def threshold_draw(values: NDArray[np.int64], scale: ArrayLike | float, noise: N
                    rng: np.random.Generator) -> NDArray[np.int64]:
     """1[values + scale * Z > 1/2] for binary values, Z i.i.d. Laplace(0, 1) or standard
     Cauchy. Called only by mechanism objects, after their inputs and parameters are
-    validated. Laplace: the label is drawn from its exact law (`_laplace_threshold_exact`);
-    Cauchy: by a float draw of Z (README, "Sampling")."""
-    scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), values.shape)
-    if noise == "laplace":
-        return _laplace_threshold_exact(values, scale, rng)
-    if noise == "cauchy":
-        z = rng.standard_cauchy(size=values.shape)
-    else:  # never draw from an unknown distribution
+    validated. The label is drawn from its exact law: it differs from f in {0, 1} exactly
+    when s Z crosses 1/2 towards the other label, with the flip probability of the module
+    docstring (s as the float holds it, exactly); s = 0 never flips (no noise)."""
+    if noise not in NOISE_KINDS:    # never draw from an unknown distribution
         raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
-    # scale 0 (an underflowed smooth bound) means no noise, even for an infinite draw.
-    perturbation = np.where(scale > 0, scale * z, 0.0)
-    return (values + perturbation > 0.5).astype(np.int64)
+    scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), values.shape)
+    flat = np.asarray(values).reshape(-1).tolist()
+    if not set(flat) <= {0, 1}:
+        raise ValueError("threshold releases take binary predictions (0 or 1)")
+    flip = _laplace_flip if noise == "laplace" else _cauchy_flip
+    out = np.empty(len(flat), dtype=np.int64)
+    for q, (f, s) in enumerate(zip(flat, scale.reshape(-1).tolist())):
+        out[q] = 1 - f if s > 0 and flip(s, rng) else f
+    return out.reshape(np.shape(values))
+
+
+def discrete_laplace_pmf(k: ArrayLike, rate: float) -> NDArray[np.float64]:
+    """P(Z = k) for Z discrete Laplace of rate g: kappa exp(-g |k|)."""
+    k = np.asarray(k)
+    return -math.expm1(-rate) / (1.0 + math.exp(-rate)) * np.exp(-rate * np.abs(k).astype(np.float64))
+
+
+def discrete_laplace_cdf(k: ArrayLike, rate: float) -> NDArray[np.float64]:
+    """P(Z <= k) for Z discrete Laplace of rate g (no cancellation in either tail)."""
+    k = np.asarray(k).astype(np.float64)
+    tail = np.exp(-rate * np.where(k >= 0, k + 1.0, -k)) / (1.0 + math.exp(-rate))
+    return np.where(k >= 0, 1.0 - tail, tail)
 
 
 def correct_from_flip(released_from: NDArray[np.int64], y: NDArray[np.int64],
@@ -127,19 +148,13 @@ def ptr_draw(answer: NDArray[np.int64], distance: NDArray[np.int64], epsilon: fl
     return np.where(passed, answer, REFUSED).astype(np.int64)
 
 
-def _laplace_threshold_exact(values: NDArray[np.int64], scale: NDArray[np.float64],
-                             rng: np.random.Generator) -> NDArray[np.int64]:
-    """1[f + s Z > 1/2], Z ~ Laplace(0, 1), from its exact law: the label differs from
-    f in {0, 1} exactly when s Z crosses 1/2 towards the other label, with probability
-    exp(-1 / (2 s)) / 2 (`laplace_flip_probability`; s as the float holds it, exactly), so
-    flip = B(1/2) and B(exp(-1 / (2 s))); s = 0 never flips (no noise)."""
-    flat = np.asarray(values).reshape(-1).tolist()
-    scales = np.asarray(scale).reshape(-1).tolist()
-    if not set(flat) <= {0, 1}:
-        raise ValueError("threshold releases take binary predictions (0 or 1)")
-    out = np.empty(len(flat), dtype=np.int64)
-    for q, (f, s) in enumerate(zip(flat, scales)):
-        flip = s > 0 and bernoulli(Fraction(1, 2), rng) \
-            and (math.isinf(s) or bernoulli_exp(1 / (2 * Fraction(s)), rng))
-        out[q] = 1 - f if flip else f
-    return out.reshape(np.shape(values))
+def _laplace_flip(s: float, rng: np.random.Generator) -> bool:
+    """True with probability exp(-1 / (2 s)) / 2 = B(1/2) and B(exp(-1 / (2 s))), s > 0."""
+    return bernoulli(Fraction(1, 2), rng) and (math.isinf(s) or bernoulli_exp(1 / (2 * Fraction(s)), rng))
+
+
+def _cauchy_flip(s: float, rng: np.random.Generator) -> bool:
+    """True with probability arctan(2 s) / pi, s > 0 (1/2 for s = inf)."""
+    if math.isinf(s):
+        return bernoulli(Fraction(1, 2), rng)
+    return bernoulli_arctan_over_pi(2 * Fraction(s), rng)

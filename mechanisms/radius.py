@@ -38,16 +38,23 @@ ptr: propose-test-release on one model's radius: release c if r + Laplace(1/eps)
 
 svt / ens-svt: stability-gated answering with the sparse vector (Bassily, Thakkar & Thakurta
   2018; AboveThreshold as in Dwork & Roth 2014, Alg. 1 and Thm 3.23, in the form that draws
-  the query noise at scale 4/eps1, not the broken variants of Lyu, Su & Li 2017). A *session*
-  answers the queries of one release in order. With the session budget split into eps_svt
-  (gate) and eps_fb (fallbacks), cutoff c and eps1 = eps_svt / c: the gate draws a threshold
-  noise rho ~ Laplace(2/eps1); query i is *unstable* when -r_i + nu_i >= -T + rho with
-  nu_i ~ Laplace(4/eps1) (AboveThreshold on the sensitivity-1 scores -r_i), and *stable*
-  otherwise. A stable query is answered with its certified class c_i, at no cost; an unstable
-  one by the fallback (REFUSED, or exp-radius at eps_fb / c) and counts towards c; a fresh rho
-  is drawn after each unstable query; after c of them the session refuses every later query.
+  the query noise at scale 4/eps1, not the broken variants of Lyu, Su & Li 2017), with
+  discrete Laplace noises on the integer radii (drawn exactly, mechanisms/exact.py). A
+  *session* answers the queries of one release in order. With the session budget split into
+  eps_svt (gate) and eps_fb (fallbacks), cutoff c and eps1 = eps_svt / c: the gate draws a
+  threshold noise rho, discrete Laplace of rate eps1 / 2 (scale 2/eps1); query i is
+  *unstable* when -r_i + nu_i >= -T + rho with nu_i discrete Laplace of rate eps1 / 4 (scale
+  4/eps1; AboveThreshold on the sensitivity-1 scores -r_i), and *stable* otherwise. A stable
+  query is answered with its certified class c_i, at no cost; an unstable one by the
+  fallback (REFUSED, or exp-radius at eps_fb / c) and counts towards c; a fresh rho is drawn
+  after each unstable query; after c of them the session refuses every later query.
   Privacy: the stable/unstable transcript is c AboveThreshold instances, eps1 each, so
-  eps_svt-DP (basic composition); the fallbacks compose to eps_fb. The certified answers are
+  eps_svt-DP (basic composition). Dwork-Roth's proof of one instance carries over to integer
+  noise: it substitutes rho' = rho + 1 and nu_k' = nu_k + 2 for the instance's unstable
+  query k, a bijection of the integers, and uses only P(rho = x) <= e^(eps1/2) P(rho = x + 1)
+  and P(nu = y) <= e^(eps1/2) P(nu = y + 2), which the rates eps1/2 and eps1/4 give exactly
+  (P(Z = z) / P(Z = z + 1) <= e^rate for a discrete Laplace of that rate). The fallbacks
+  compose to eps_fb. The certified answers are
   a function of the transcript and of the answers c_i of stable queries, which agree between
   D and D' except where r_i <= 0 at both (P2); call E the event that such a query is declared
   stable. Fix an instance's start; let i* be the first query with r <= 0 after it. Any such
@@ -57,8 +64,8 @@ svt / ens-svt: stability-gated answering with the sparse vector (Bassily, Thakka
   usual argument (compare with a mechanism that answers a fixed class where r <= 0) gives
       (eps, delta)-DP for the whole session, eps = eps_svt + eps_fb,
       delta = (1 + e^eps) delta'.
-  T is the smallest threshold with (1 + e^eps) c q(T) <= delta, where for rho ~ Lap(a) and
-  nu ~ Lap(b), a != b, t >= 0:  P(rho - nu > t) = (a^2 e^{-t/a} - b^2 e^{-t/b}) / (2 (a^2 - b^2)).
+  T is the smallest integer with (1 + e^eps) c q(T) <= delta; q has a closed form
+  (`discrete_difference_tail`).
   The ledger records a session as one entry of (eps, delta): the budget pays only for the
   unstable queries' cutoff, not per query.
 """
@@ -75,10 +82,11 @@ from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.base import REFUSED, Mechanism, register
 from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
-from mechanisms.exact import exponential_choice
+from mechanisms.exact import discrete_laplace, exponential_choice
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified, Votes
-from mechanisms.noise import ptr_draw, ptr_release_probability, ptr_threshold
+from mechanisms.noise import (discrete_laplace_cdf, discrete_laplace_pmf, ptr_draw,
+                              ptr_release_probability, ptr_threshold)
 from mechanisms.votes import aggregate, ensemble_radius
 
 FALLBACKS = ("refuse", "exp-radius")
@@ -214,32 +222,57 @@ class RadiusPTR(Mechanism):
 # ---------------------------------------------------------------------------------------------
 # Stability-gated answering with the sparse vector
 
-def laplace_difference_tail(t: float, a: float, b: float) -> float:
-    """P(rho - nu > t) for independent rho ~ Laplace(a), nu ~ Laplace(b), a != b, t >= 0."""
-    if t < 0:
-        return 1.0 - laplace_difference_tail(-t, a, b)
-    return (a * a * math.exp(-t / a) - b * b * math.exp(-t / b)) / (2.0 * (a * a - b * b))
+def svt_rates(eps_gate: float, cutoff: int) -> tuple[Fraction, Fraction]:
+    """The rates of the threshold noise (eps1 / 2) and the query noise (eps1 / 4), eps1 =
+    eps_gate / c as the float holds it, as exact rationals."""
+    eps1 = Fraction(float(eps_gate) / int(cutoff))
+    return eps1 / 2, eps1 / 4
 
 
-def svt_threshold(eps_gate: float, cutoff: int, delta: float, eps_total: float) -> float:
-    """The smallest T (to 1e-9 relative) with (1 + e^eps_total) c q(T) <= delta."""
-    eps1 = eps_gate / cutoff
-    a, b = 2.0 / eps1, 4.0 / eps1
+def discrete_difference_tail(s: int, rate_rho: float, rate_nu: float) -> float:
+    """P(rho - nu >= s) for independent discrete Laplace rho (rate g1 = rate_rho) and nu
+    (rate g2 = rate_nu < g1), a = e^-g1, b = e^-g2. For s >= 1, summing P(nu = y) P(rho >= s + y)
+    over y >= 0, -s <= y < 0 and y < -s (geometric series; P(rho >= m) = a^m / (1 + a) for
+    m >= 0 and 1 - a^(1-m) / (1 + a) below):
+        kappa_b [a^s (1 - a^2 b^(s+1) / a^s) / ((1 + a)(1 - a b))
+                 + b (b^s - a^s) / ((1 + a)(b - a))] + b^(s+1) / (1 + b),
+    with (b^s - a^s) / (b - a) = b^(s-1) expm1(-d s) / expm1(-d), d = g1 - g2 (all terms
+    positive). For s <= 0 by symmetry: 1 - P(rho - nu >= 1 - s)."""
+    s = int(s)
+    if s <= 0:
+        return 1.0 - discrete_difference_tail(1 - s, rate_rho, rate_nu)
+    g1, g2 = float(rate_rho), float(rate_nu)
+    if not g1 > g2 > 0:
+        raise ValueError("discrete_difference_tail needs rate_rho > rate_nu > 0")
+    a, b = math.exp(-g1), math.exp(-g2)
+    kappa_b = -math.expm1(-g2) / (1.0 + b)
+    a_s, b_s = math.exp(-g1 * s), math.exp(-g2 * s)
+    one_minus_ab = -math.expm1(-(g1 + g2))
+    d = g1 - g2
+    middle = math.exp(-g2 * (s - 1)) * math.expm1(-d * s) / math.expm1(-d)
+    low = (a_s - a * a * b * b_s) / ((1.0 + a) * one_minus_ab)
+    return kappa_b * (low + b * middle / (1.0 + a)) + b * b_s / (1.0 + b)
+
+
+def svt_threshold(eps_gate: float, cutoff: int, delta: float, eps_total: float) -> int:
+    """The smallest integer T >= 0 with (1 + e^eps_total) c q(T) <= delta, where
+    q(T) = P(rho - nu > T) = P(rho - nu >= T + 1) for the session's noises."""
+    rate_rho, rate_nu = (float(r) for r in svt_rates(eps_gate, cutoff))
     target = delta / ((1.0 + math.exp(min(eps_total, 700.0))) * cutoff)
 
-    def q(t):
-        return laplace_difference_tail(t, a, b)
+    def q(t: int) -> float:
+        return discrete_difference_tail(t + 1, rate_rho, rate_nu)
 
-    lo, hi = 0.0, b
+    lo, hi = -1, 1                       # invariant: q(hi) <= target, and q(lo) > target or lo = -1
     while q(hi) > target:
-        lo, hi = hi, 2.0 * hi
-    while hi - lo > 1e-9 * hi:
-        mid = 0.5 * (lo + hi)
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
         if q(mid) > target:
             lo = mid
         else:
             hi = mid
-    return hi
+    return hi if q(0) > target else 0
 
 
 @dataclass(frozen=True)
@@ -289,40 +322,40 @@ class SparseVectorGate(Mechanism):
             else 0.0
 
     @property
-    def threshold(self) -> float:
+    def threshold(self) -> int:
         return svt_threshold(self.eps_gate, int(self.cutoff), self.delta, self.epsilon)
 
     @property
-    def _scales(self) -> tuple[float, float]:
-        eps1 = self.eps_gate / self.cutoff
-        return 2.0 / eps1, 4.0 / eps1
+    def rates(self) -> tuple[Fraction, Fraction]:
+        """Discrete Laplace rates of the threshold and the query noises."""
+        return svt_rates(self.eps_gate, int(self.cutoff))
 
     def guarantee(self, relation: str) -> Guarantee:
         return Guarantee(float(self.epsilon), float(self.delta), relation, self.name,
                          f"one stability-gated session (sparse vector): radius gate at T = "
-                         f"{self.threshold:.6g} with eps {self.eps_gate!r} over {self.cutoff} "
-                         f"AboveThreshold instances (Laplace 2/eps1 threshold, 4/eps1 query "
-                         f"noise), fallback {self.fallback}"
+                         f"{self.threshold} with eps {self.eps_gate!r} over {self.cutoff} "
+                         f"AboveThreshold instances (discrete Laplace noises of scale 2/eps1 "
+                         f"on the threshold, 4/eps1 on the radii), fallback {self.fallback}"
                          + (f" at eps {self.eps_fallback!r} each" if self.fallback != "refuse"
                             else "") + "; (eps, delta) for the whole session")
 
     def _draw(self, inputs, rng):
         answer, radius = answer_and_radius(inputs)
-        a, b = self._scales
+        rate_rho, rate_nu = self.rates
         t = self.threshold
         out = np.full(answer.shape, REFUSED, dtype=np.int64)
         tops = 0
-        rho = rng.laplace(0.0, a)
-        nu = rng.laplace(0.0, b, size=answer.shape)
+        rho = discrete_laplace(rate_rho, rng)
         for i in range(len(answer)):
             if tops >= self.cutoff:
                 break
-            if -radius[i] + nu[i] >= -t + rho:           # unstable: fallback, one of c
+            nu = discrete_laplace(rate_nu, rng)
+            if -int(radius[i]) + nu >= -t + rho:          # unstable: fallback, one of c
                 tops += 1
                 if self.fallback == "exp-radius":
                     out[i] = exp_draw(answer[i:i + 1], radius[i:i + 1], self.eps_fallback,
                                       inputs.n_classes, rng)[0]
-                rho = rng.laplace(0.0, a)
+                rho = discrete_laplace(rate_rho, rng)
             else:
                 out[i] = answer[i]
         return out
@@ -335,31 +368,31 @@ class SparseVectorGate(Mechanism):
             fb = np.where(answer == y, 1.0 - flip, flip / (inputs.n_classes - 1))
             fb = np.where((y >= 0) & (y < inputs.n_classes), fb, 0.0)
         return gated_correct_probability(answer == y, fb, radius, self.threshold,
-                                         *self._scales, int(self.cutoff))
+                                         *self.rates, int(self.cutoff))
 
 
 def gated_correct_probability(stable_right: NDArray[np.bool_], fallback_right: NDArray[np.float64],
-                              radius: NDArray[np.int64], threshold: float, a: float, b: float,
-                              cutoff: int, points: int = 2001) -> NDArray[np.float64]:
-    """Exact (up to quadrature) per-query probability that a session answers correctly.
+                              radius: NDArray[np.int64], threshold: int, rate_rho: float,
+                              rate_nu: float, cutoff: int) -> NDArray[np.float64]:
+    """Per-query probability that a session answers correctly (exact up to float rounding
+    and a threshold-noise tail below 1e-15).
 
     The state before query i is (tops used j < c, current threshold noise rho); it is kept as
-    a density over a grid of rho for each j. Query i is stable given rho with probability
-    s_i(rho) = P(nu < r_i - T + rho) = F_b(r_i - T + rho); then it is answered with the
-    certified class (right iff `stable_right`), else by the fallback (right with probability
-    `fallback_right`) and the state moves to (j + 1, fresh rho). Halted sessions refuse."""
-    rho = np.linspace(-40.0 * a, 40.0 * a, points)             # odd: Simpson's rule, 0 a node
-    simpson = np.where(np.arange(points) % 2 == 1, 4.0, 2.0)
-    simpson[[0, -1]] = 1.0
-    w = np.exp(-np.abs(rho) / a) / (2.0 * a) * simpson * (rho[1] - rho[0]) / 3.0
+    a distribution over the integers |rho| <= M, P(|rho| > M) < 1e-15, for each j. Query i is
+    stable given rho with probability s_i(rho) = P(nu < r_i - T + rho) = F_nu(r_i - T + rho - 1);
+    then it is answered with the certified class (right iff `stable_right`), else by the
+    fallback (right with probability `fallback_right`) and the state moves to (j + 1, fresh
+    rho). Halted sessions refuse."""
+    g1, g2 = float(rate_rho), float(rate_nu)
+    reach = int(math.ceil(36.0 / g1))
+    rho = np.arange(-reach, reach + 1)
+    w = discrete_laplace_pmf(rho, g1)
     w /= w.sum()
-    mass = np.zeros((cutoff, points))              # P(state = (j, rho_g)), as weights
+    mass = np.zeros((cutoff, rho.size))            # P(state = (j, rho))
     mass[0] = w
     out = np.zeros(len(radius))
     for i in range(len(radius)):
-        x = radius[i] - threshold + rho
-        stable = np.where(x < 0, 0.5 * np.exp(np.minimum(x, 0) / b),
-                          1.0 - 0.5 * np.exp(-np.maximum(x, 0) / b))
+        stable = discrete_laplace_cdf(int(radius[i]) - int(threshold) + rho - 1, g2)
         p_stable = mass * stable[None, :]
         p_top = mass - p_stable
         top_by_j = p_top.sum(axis=1)

@@ -15,7 +15,8 @@ with noise calibrated as in AGT Cor. 5.2 / NRS Sec. 2 (admissible noise distribu
 The guarantee holds under the relations the radii are certified under. With r <= 0, S = 1 and
 the noise is at least the global-sensitivity noise (global_sens.py).
 Flip probabilities: P(label != f) = 0.5 exp(-1 / (2 s)) (Laplace, scale s) and
-1/2 - arctan(1 / (2 s)) / pi (Cauchy, scale s).
+1/2 - arctan(1 / (2 s)) / pi = arctan(2 s) / pi (Cauchy, scale s); the labels are drawn
+from these laws exactly (mechanisms/noise.py).
 
 ss-argmax (below): the same release for any number of classes, equal to ss-cauchy for C = 2.
 """
@@ -176,6 +177,8 @@ class SmoothArgmax(Mechanism):
 
     P(release = y) is exact up to 200-point Gauss-Legendre quadrature after the substitution
     z = tan(theta), which maps the Cauchy density to the uniform one on (-pi/2, pi/2).
+    Sampling: C = 2 draws the binary release's exact law; for C > 2 the Cauchy noises are
+    float draws (README, "Sampling").
     """
 
     epsilon: float
@@ -208,6 +211,8 @@ class SmoothArgmax(Mechanism):
     def _draw(self, inputs: Certified, rng):
         c, q = inputs.n_classes, inputs.n_queries
         s = self.scale(inputs.radius, c)
+        if c == 2:          # the binary release, drawn from its exact law
+            return threshold_draw(inputs.prediction, s, "cauchy", rng)
         f = np.zeros((q, c - 1))
         has = inputs.prediction >= 1
         f[np.flatnonzero(has), inputs.prediction[has] - 1] = 1.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -203,13 +204,16 @@ def test_sum_over_all_voters_would_not_be_lipschitz():
 
 # -- noisy argmax (PATE-style, global sensitivity) ---------------------------------------
 
+LNMAX_DRAWS = 40_000         # exact draws cost ~10 us per count; the law is checked exactly below
+
+
 @pytest.mark.parametrize("votes,eps", [
     ([1, 1, 1, 0, 0], 0.5), ([1, 1, 1, 0, 0], 2.0), ([0, 0, 0, 0, 1], 1.0),
     ([1, 1, 1, 1, 1], 0.3), ([0, 1, 0, 1], 1.0), ([1] * 20 + [0] * 5, 0.8),
 ])
 def test_lnmax_rate_matches_analytical(votes, eps):
     mech = make_mechanism("lnmax", eps)
-    inputs = votes_inputs(votes)
+    inputs = votes_inputs(votes, n=LNMAX_DRAWS)
     labels = mech.release(inputs, make_generator(3))
     assert labels.dtype == np.int64 and set(np.unique(labels)) <= {0, 1}
     p1 = float(me.lnmax_probabilities(me.vote_counts(inputs.votes[:1]), eps)[0, 1])
@@ -219,11 +223,14 @@ def test_lnmax_rate_matches_analytical(votes, eps):
     assert (g.epsilon, g.delta, g.relation, g.mechanism) == (eps, 0.0, RELATION, "lnmax")
 
 
-@pytest.mark.parametrize("votes,eps", [([0, 1, 2, 2, 2, 1, 0], 0.7), ([3, 3, 1, 0, 2, 3], 1.5)])
-def test_lnmax_multiclass_rate_matches_quadrature(votes, eps):
+@pytest.mark.parametrize("votes,eps", [([0, 1, 2, 2, 2, 1, 0], 0.7), ([3, 3, 1, 0, 2, 3], 1.5),
+                                       ([0, 1, 2, 3], 40.0)])
+def test_lnmax_multiclass_rate_matches_exact_law(votes, eps):
+    """The last case is a four-way tie of the counts with almost no noise: the released
+    class is then uniform (random tie-break), not the lowest index."""
     n_classes = 4
     mech = make_mechanism("lnmax", eps)
-    inputs = votes_inputs(votes, n_classes=n_classes)
+    inputs = votes_inputs(votes, n_classes=n_classes, n=LNMAX_DRAWS)
     labels = mech.release(inputs, make_generator(8))
     p = me.lnmax_probabilities(me.vote_counts(inputs.votes[:1], n_classes), eps)[0]
     assert p.sum() == pytest.approx(1.0)
@@ -231,14 +238,57 @@ def test_lnmax_multiclass_rate_matches_quadrature(votes, eps):
         assert_rate(labels == c, float(p[c]))
 
 
+def _lnmax_by_enumeration(counts, eps):
+    """P(release = y) summed over every noise vector in [-reach, reach]^C, reach with
+    a^reach < e^-32 (a brute-force oracle, independent of the closed forms), ties split
+    evenly."""
+    a = math.exp(-eps / 2)
+    z = np.arange(-math.ceil(64 / eps), math.ceil(64 / eps) + 1)
+    pmf = (1 - a) / (1 + a) * a ** np.abs(z)
+    grids = np.meshgrid(*([z] * len(counts)), indexing="ij")
+    weight = np.prod(np.meshgrid(*([pmf] * len(counts)), indexing="ij"), axis=0)
+    noisy = np.stack([n + g for n, g in zip(counts, grids)])
+    won = noisy == noisy.max(axis=0)
+    return (won * (weight / won.sum(axis=0))).reshape(len(counts), -1).sum(axis=1)
+
+
+@pytest.mark.parametrize("counts,eps", [([2, 2], 1.0), ([3, 1], 1.0), ([0, 1, 3], 2.0),
+                                        ([2, 2, 2], 3.0), ([5, 0, 1], 4.0), ([1, 0, 0, 2], 5.0),
+                                        ([7, 0], 0.5), ([0, 4, 4, 1], 8.0)])
+def test_lnmax_law_matches_enumeration(counts, eps):
+    expected = _lnmax_by_enumeration(counts, eps)
+    got = me.lnmax_probabilities(np.array([counts]), eps)[0]
+    assert got == pytest.approx(expected, abs=1e-12)
+    assert got.sum() == pytest.approx(1.0, abs=1e-14)
+
+
 def test_lnmax_probability_hand_values():
-    assert me.lnmax_scale(1.0) == 2.0
+    """Binary: the difference W = Z_1 - Z_0 of two discrete Laplace draws has
+    P(W = w) = kappa^2 a^|w| ((1 + a^2) / (1 - a^2) + |w|); counts (3, 1) release 1 with
+    probability P(W > 2) + P(W = 2) / 2."""
+    assert me.lnmax_scale(1.0) == 2.0 and me.lnmax_rate(1.0) == Fraction(1, 2)
+    a = math.exp(-0.5)
+    kappa = (1 - a) / (1 + a)
+
+    def law(w):
+        return kappa ** 2 * a ** abs(w) * ((1 + a * a) / (1 - a * a) + abs(w))
+
+    assert sum(law(w) for w in range(-400, 401)) == pytest.approx(1.0, abs=1e-14)
+    one = sum(law(w) for w in range(3, 400)) + law(2) / 2
     p = me.lnmax_probabilities(np.array([[2, 2], [3, 1], [1, 3]]), 1.0)[:, 1]
-    # P(W > t) = e^{-t/b} (2 + t/b) / 4: counts (3, 1) -> P(label 1) = P(W > 2) = e^-1 3/4
-    assert p == pytest.approx([0.5, 0.75 / math.e, 1 - 0.75 / math.e])
-    # the quadrature for C > 2 agrees with the closed form when a third class has no chance
+    assert p == pytest.approx([0.5, one, 1 - one], abs=1e-14)
+    # a third class with no chance leaves the binary law
     q = me.lnmax_probabilities(np.array([[3, 1, -1000]]), 1.0)[0]
-    assert q[:2] == pytest.approx([1 - 0.75 / math.e, 0.75 / math.e], abs=1e-6)
+    assert q == pytest.approx([1 - one, one, 0.0], abs=1e-14)
+
+
+def test_lnmax_law_is_fast_at_tiny_epsilon():
+    """The closed-form tails make the law's cost independent of the noise scale: at eps =
+    3e-4 (scale 6667) the release is nearly uniform and the law still sums to 1."""
+    counts = np.random.default_rng(0).multinomial(32, np.ones(10) / 10, size=50)
+    p = me.lnmax_probabilities(counts, 3e-4)
+    assert np.abs(p.sum(axis=1) - 1).max() < 1e-12
+    assert np.all(np.abs(p - 0.1) < 0.01)
 
 
 @pytest.mark.parametrize("eps", [0.1, 1.0, 5.0])
@@ -269,7 +319,18 @@ def test_lnmax_multiclass_is_eps_dp_for_one_moved_vote():
         moved[0, b_cls] += 1
         p, q = me.lnmax_probabilities(counts, eps), me.lnmax_probabilities(moved, eps)
         worst = max(worst, float(np.abs(np.log(p / q)).max()))
-    assert worst <= eps + 1e-4       # quadrature error ~1e-6
+    assert worst <= eps + 1e-12
+
+
+def test_lnmax_at_half_the_scale_is_caught(monkeypatch):
+    """Discrete Laplace at scale 1 / eps (rate eps) is not enough when a vote moves: the
+    gap between two counts changes by 2, and the ratio reaches e^(2 eps) in the tails."""
+    eps = 0.5
+    monkeypatch.setattr(me, "lnmax_rate", lambda e: Fraction(float(e)))
+    n1 = np.arange(0, 30)
+    before, after = np.stack([30 - n1, n1], 1), np.stack([29 - n1, n1 + 1], 1)
+    a, b = (me.lnmax_probabilities(c, eps) for c in (before, after))
+    assert max((b / a).max(), (a / b).max()) > math.exp(eps) * 1.5
 
 
 # -- SS ensemble --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Exact samplers (mechanisms/exact.py) and the discrete releases that use them.
+"""Exact samplers (mechanisms/exact.py) and the releases that use them.
 
 An audit showed that float draws (``rng.random() < p`` on the 2^-53 grid, exp underflowing
 to 0) break the pure eps-DP of exp-radius and df-exp by ~1e-16 per query; these tests check
@@ -10,13 +10,16 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import mpmath
 import numpy as np
 import pytest
 
-from mechanisms.ensemble import df_draw, df_probabilities
-from mechanisms.exact import _BITS, bernoulli, bernoulli_exp, exponential_choice
-from mechanisms.noise import (REFUSED, laplace_flip_probability, ptr_draw,
-                              ptr_release_probability, threshold_draw)
+from mechanisms.ensemble import df_draw, df_probabilities, lnmax_draw, lnmax_probabilities
+from mechanisms.exact import (_BITS, _arctan_over_pi_bounds, bernoulli, bernoulli_arctan_over_pi,
+                              bernoulli_exp, discrete_laplace, exponential_choice,
+                              uniform_below)
+from mechanisms.noise import (REFUSED, cauchy_flip_probability, laplace_flip_probability,
+                              ptr_draw, ptr_release_probability, threshold_draw)
 from mechanisms.radius import exp_draw, exp_probabilities
 
 
@@ -122,3 +125,98 @@ def test_laplace_threshold_and_ptr_draw_from_their_laws_without_floats():
         passed = ptr_draw(answer, np.full(n, d), 0.5, 1e-4, rng) != REFUSED
         p = float(ptr_release_probability(d, 0.5, 1e-4))
         assert abs(float(passed.mean()) - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-9
+
+
+def test_uniform_below_is_uniform_at_any_size():
+    rng = _IntegersOnly(6)
+    assert uniform_below(1, rng) == 0
+    n = 30_000
+    counts = np.bincount([uniform_below(5, rng) for _ in range(n)], minlength=5)
+    assert np.all(np.abs(counts / n - 0.2) <= 5 * math.sqrt(0.16 / n))
+    big = 3 * 2**100 + 1                          # beyond one 62-bit draw
+    draws = [uniform_below(big, rng) for _ in range(2000)]
+    assert all(0 <= d < big for d in draws)
+    assert abs(np.mean([d / big for d in draws]) - 0.5) <= 5 * math.sqrt(1 / 12 / 2000)
+    with pytest.raises(ValueError):
+        uniform_below(0, rng)
+
+
+@pytest.mark.parametrize("eps", [0.05, 1.0, 10.0])
+def test_discrete_laplace_follows_its_law(eps):
+    """P(Z = z) = (1 - a) / (1 + a) a^|z|, a = exp(-eps / 2), from exact integers only; the
+    rate of a float eps is its exact rational value (eps = 0.05 has a 2^58 denominator)."""
+    rng = _IntegersOnly(7)
+    rate = Fraction(eps) / 2
+    n = 30_000
+    draws = np.array([discrete_laplace(rate, rng) for _ in range(n)])
+    a = math.exp(-eps / 2)
+    for z in (-2, -1, 0, 1, 2, 5):
+        p = (1 - a) / (1 + a) * a ** abs(z)
+        assert abs(float(np.mean(draws == z)) - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-9
+    tail = a ** 3 / (1 + a)                        # P(Z >= 3) = P(Z <= -3)
+    assert abs(float(np.mean(draws >= 3)) - tail) <= 5 * math.sqrt(tail * (1 - tail) / n) + 1e-9
+    with pytest.raises(ValueError):
+        discrete_laplace(Fraction(0), rng)
+
+
+def test_lnmax_draws_from_its_law_without_floats():
+    """lnmax adds exact integer noise and breaks ties uniformly: the frequencies match the
+    closed-form law, including a three-way tie of the counts."""
+    rng = _IntegersOnly(8)
+    n = 20_000
+    for row, eps in (([6, 2, 5], 0.8), ([3, 3, 3], 30.0)):
+        counts = np.tile(np.array([row]), (n, 1))
+        got = np.bincount(lnmax_draw(counts, eps, rng), minlength=3) / n
+        p = lnmax_probabilities(counts[:1], eps)[0]
+        assert np.all(np.abs(got - p) <= 5 * np.sqrt(p * (1 - p) / n))
+
+
+_ARCTAN_POINTS = [1e-300, 3e-17, 1e-5, 0.1, 0.3, 0.4, 0.41, 3 / 7, 0.9, 1.0, 1.7, 2.4999, 2.5,
+                  7.0, 1e8, 1e300]
+
+
+@pytest.mark.parametrize("precision", [64, 128, 512])
+def test_arctan_over_pi_enclosures_hold_and_shrink(precision):
+    """lo <= arctan(x) / pi <= hi against mpmath values 100 bits finer than the enclosure, on
+    both sides of every branch of the argument reduction, and hi - lo about 2^-precision."""
+    with mpmath.workprec(precision + 100):
+        for x in _ARCTAN_POINTS:
+            lo, hi = _arctan_over_pi_bounds(Fraction(x), precision)
+            p = mpmath.atan(mpmath.mpf(Fraction(x).numerator) / Fraction(x).denominator) / mpmath.pi
+            assert mpmath.mpf(lo.numerator) / lo.denominator <= p
+            assert p <= mpmath.mpf(hi.numerator) / hi.denominator
+            assert hi - lo <= Fraction(1, 2 ** (precision - 7))
+
+
+@pytest.mark.parametrize("x", [0.3, 1.7, 1e-5])
+def test_bernoulli_arctan_over_pi_decides_u_below_p(x):
+    """With u's first 12 bits given (the rest repeat them), the answer is exactly u < p:
+    the count over all 4096 prefixes matches the exact p."""
+    m = 12
+    with mpmath.workdps(60):
+        p = mpmath.atan(mpmath.mpf(Fraction(x).numerator) / Fraction(x).denominator) / mpmath.pi
+        expected = sum(1 for prefix in range(1 << m)
+                       if mpmath.mpf(prefix) / (1 << m) * (1 + mpmath.mpf(2) ** -62) < p)
+    hits = sum(bernoulli_arctan_over_pi(Fraction(x), _Bits(prefix, m)) for prefix in range(1 << m))
+    assert hits == expected
+
+
+def test_cauchy_threshold_releases_draw_from_their_law_without_floats():
+    """Binary Cauchy releases (ss-cauchy, ens-ss-cauchy, ss-argmax for two classes) flip
+    with probability arctan(2 s) / pi, drawn exactly from uniform integers; s = 0 never
+    flips and s = inf flips half the time."""
+    rng = _IntegersOnly(10)
+    n = 30_000
+    values = np.tile(np.array([0, 1], dtype=np.int64), n // 2)
+    for scale in (0.05, 0.4, 3.0):
+        got = threshold_draw(values, scale, "cauchy", rng)
+        p = float(cauchy_flip_probability(scale))
+        assert p == pytest.approx(math.atan(2 * scale) / math.pi, rel=1e-15)
+        assert abs(float(np.mean(got != values)) - p) <= 5 * math.sqrt(p * (1 - p) / n)
+    assert threshold_draw(values[:4], 0.0, "cauchy", rng).tolist() == values[:4].tolist()
+    half = threshold_draw(values[:4000], math.inf, "cauchy", rng)
+    assert abs(float(np.mean(half != values[:4000])) - 0.5) <= 5 * math.sqrt(0.25 / 4000)
+    with pytest.raises(ValueError, match="binary"):
+        threshold_draw(np.array([2]), 0.4, "cauchy", rng)
+    with pytest.raises(ValueError):
+        bernoulli_arctan_over_pi(Fraction(-1), rng)

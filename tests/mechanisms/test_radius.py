@@ -14,10 +14,10 @@ import pytest
 from agt.errors import BudgetExceededError, DataError, PrivacyError
 from mechanisms import Certified, Ledger, Source, Votes, make_mechanism
 from mechanisms.ensemble import ensemble_radius
-from mechanisms.noise import make_generator
+from mechanisms.noise import discrete_laplace_cdf, discrete_laplace_pmf, make_generator
 from mechanisms.radius import (exp_flip_probability, exp_probabilities,
-                               gated_correct_probability, laplace_difference_tail,
-                               svt_threshold)
+                               discrete_difference_tail, gated_correct_probability,
+                               svt_rates, svt_threshold)
 
 SHA = "ab" * 32
 SRC = Source("b", SHA, ("replace-one",), True)
@@ -125,39 +125,48 @@ def test_single_ptr_rates_and_ratio():
 
 # -- the sparse vector gate ---------------------------------------------------------------
 
-def test_laplace_difference_tail_against_monte_carlo():
-    rng = np.random.default_rng(0)
-    a, b = 2.0, 4.0
-    d = rng.laplace(0, a, 1_000_000) - rng.laplace(0, b, 1_000_000)
-    for t in (0.0, 1.0, 5.0, 15.0, -3.0):
-        p = laplace_difference_tail(t, a, b)
-        assert_rate(d > t, p)
+def test_discrete_difference_tail_matches_enumeration():
+    """P(rho - nu >= s) against the convolution of the two laws (summed to e^-60)."""
+    for g1, g2 in ((0.5, 0.25), (1.0, 0.5), (0.05, 0.025), (3.0, 0.1)):
+        reach = int(60 / g2)
+        z = np.arange(-reach, reach + 1)
+        law = np.convolve(discrete_laplace_pmf(z, g1), discrete_laplace_pmf(z, g2)[::-1])
+        values = np.arange(-2 * reach, 2 * reach + 1)
+        for s in (-5, 0, 1, 2, 7, 30, 200):
+            exact = float(law[values >= s].sum())
+            assert discrete_difference_tail(s, g1, g2) == pytest.approx(exact, rel=1e-12)
+    with pytest.raises(ValueError):
+        discrete_difference_tail(3, 0.25, 0.5)
 
 
-def test_threshold_meets_delta():
-    for eps, c, delta in ((1.0, 1, 1e-5), (10.0, 10, 1e-5), (0.5, 3, 1e-3)):
+def test_threshold_meets_delta_and_is_the_smallest():
+    for eps, c, delta in ((1.0, 1, 1e-5), (10.0, 10, 1e-5), (0.5, 3, 1e-3), (0.05, 2, 1e-9)):
         t = svt_threshold(eps, c, delta, eps)
-        a, b = 2.0 * c / eps, 4.0 * c / eps
-        assert (1 + math.exp(eps)) * c * laplace_difference_tail(t, a, b) <= delta * (1 + 1e-9)
-        assert (1 + math.exp(eps)) * c * laplace_difference_tail(0.999 * t, a, b) > delta
+        g1, g2 = (float(r) for r in svt_rates(eps, c))
+        assert (g1, g2) == (eps / c / 2, eps / c / 4)
+        assert isinstance(t, int) and t > 0
+
+        def bound(threshold):
+            return (1 + math.exp(eps)) * c * discrete_difference_tail(threshold + 1, g1, g2)
+
+        assert bound(t) <= delta < bound(t - 1)
 
 
-def transcript_probabilities(radii, threshold, a, b, cutoff, points=4001):
-    """Exact (quadrature) probability of every stable/unstable transcript of a session on
-    `radii` (queries after the cutoff are refused, so transcripts stop there)."""
-    rho = np.linspace(-40 * a, 40 * a, points)
-    w = np.exp(-np.abs(rho) / a) / (2 * a) * (rho[1] - rho[0])
-    w[[0, -1]] *= 0.5
+def transcript_probabilities(radii, threshold, rate_rho, rate_nu, cutoff):
+    """Exact probability of every stable/unstable transcript of a session on `radii`
+    (queries after the cutoff are refused, so transcripts stop there), summing over the
+    integer threshold noise (|rho| with mass above e^-40 left out and renormalised)."""
+    reach = int(40 / rate_rho)
+    rho = np.arange(-reach, reach + 1)
+    w = discrete_laplace_pmf(rho, rate_rho)
     w /= w.sum()
 
-    def stable(r):
-        x = r - threshold + rho
-        return np.where(x < 0, 0.5 * np.exp(np.minimum(x, 0) / b),
-                        1 - 0.5 * np.exp(-np.maximum(x, 0) / b))
+    def stable(r):                        # P(nu < r - T + rho)
+        return discrete_laplace_cdf(r - threshold + rho - 1, rate_nu)
 
     out = {}
     for pattern in itertools.product((0, 1), repeat=len(radii)):   # 1 = unstable
-        p, inst, tops = 1.0, np.ones(points), 0
+        p, inst, tops = 1.0, np.ones(rho.size), 0
         valid = True
         for i, top in enumerate(pattern):
             if tops >= cutoff:
@@ -165,7 +174,7 @@ def transcript_probabilities(radii, threshold, a, b, cutoff, points=4001):
                 continue
             if top:
                 p *= float(((inst * (1 - stable(radii[i]))) * w).sum())
-                inst, tops = np.ones(points), tops + 1
+                inst, tops = np.ones(rho.size), tops + 1
             else:
                 inst = inst * stable(radii[i])
         if not valid:
@@ -176,15 +185,15 @@ def transcript_probabilities(radii, threshold, a, b, cutoff, points=4001):
 
 
 def worst_transcript_ratio(eps1, query_scale, cutoff=1, length=3):
-    a, b = 2.0 / eps1, query_scale / eps1
-    t = 6.0
+    rate_rho, rate_nu = eps1 / 2, eps1 / query_scale
+    t = 6
     worst = 0.0
     base = [4, 7, 5]
     for shifts in itertools.product((-1, 0, 1), repeat=length):
         r1 = base[:length]
         r2 = [r + s for r, s in zip(r1, shifts)]
-        p = transcript_probabilities(r1, t, a, b, cutoff)
-        q = transcript_probabilities(r2, t, a, b, cutoff)
+        p = transcript_probabilities(r1, t, rate_rho, rate_nu, cutoff)
+        q = transcript_probabilities(r2, t, rate_rho, rate_nu, cutoff)
         for k in p:
             worst = max(worst, abs(math.log(p[k] / q[k])))
     return worst
@@ -193,8 +202,8 @@ def worst_transcript_ratio(eps1, query_scale, cutoff=1, length=3):
 @pytest.mark.parametrize("cutoff", [1, 2])
 def test_gate_transcript_is_eps_dp_and_a_wrong_query_scale_is_not(cutoff):
     eps1 = 1.0
-    assert worst_transcript_ratio(eps1, 4.0, cutoff) <= cutoff * eps1 + 1e-6
-    # query noise Laplace(2/eps1) (a known broken variant for non-monotone scores) fails
+    assert worst_transcript_ratio(eps1, 4.0, cutoff) <= cutoff * eps1 + 1e-9
+    # query noise of scale 2/eps1 (a known broken variant for non-monotone scores) fails
     assert worst_transcript_ratio(eps1, 2.0, 1) > eps1 + 1e-3
 
 
@@ -234,12 +243,29 @@ def test_session_expected_accuracy_matches_simulation():
 
 
 def test_gated_probability_reduces_to_a_single_query_closed_form():
-    a, b, t = 2.0, 4.0, 3.0
+    g1, g2, t = 0.5, 0.25, 3
     for r in (-1, 0, 3, 8):
-        p = gated_correct_probability(np.array([True]), np.array([0.0]), np.array([r]), t, a,
-                                      b, 1)[0]
-        # stable iff r - t > nu - rho: P = P(rho - nu > t - r)
-        assert p == pytest.approx(laplace_difference_tail(t - r, a, b), abs=1e-5)
+        p = gated_correct_probability(np.array([True]), np.array([0.0]), np.array([r]), t, g1,
+                                      g2, 1)[0]
+        # stable iff r - t > nu - rho: P = P(rho - nu > t - r) = P(rho - nu >= t - r + 1)
+        assert p == pytest.approx(discrete_difference_tail(t - r + 1, g1, g2), abs=1e-13)
+
+
+def test_session_draws_only_exact_integers():
+    """The gate's noises are exact discrete Laplace draws: a generator offering only
+    uniform integers runs a whole session, fallbacks included (the draw itself; `release`
+    insists on a numpy Generator)."""
+    class IntegersOnly:
+        def __init__(self):
+            self.rng = np.random.default_rng(9)
+
+        def integers(self, low, high, size=None):
+            return self.rng.integers(low, high, size=size)
+
+    mech = make_mechanism("svt", 3.0, 1e-5, cutoff=3)
+    radius = np.array([10**6, -1, 10**6, -1, 3, 10**6, -1, -1])
+    labels = mech._draw(certified(np.ones(8, int), radius, 3), IntegersOnly())
+    assert labels[0] == 1 and labels[2] == 1 and (labels[-2:] == -1).all()
 
 
 def test_radius_mechanisms_refuse_bad_parameters_and_inputs():
