@@ -78,6 +78,8 @@ def threshold_draw(values: NDArray[np.int64], scale: ArrayLike | float, noise: N
     if noise not in NOISE_KINDS:    # never draw from an unknown distribution
         raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
     scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), values.shape)
+    if np.isnan(scale).any() or (scale < 0).any():     # fail closed: never "no noise" by accident
+        raise ValueError("threshold releases need noise scales >= 0 (inf allowed), got NaN or < 0")
     flat = np.asarray(values).reshape(-1).tolist()
     if not set(flat) <= {0, 1}:
         raise ValueError("threshold releases take binary predictions (0 or 1)")

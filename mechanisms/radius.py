@@ -224,55 +224,69 @@ class RadiusPTR(Mechanism):
 
 def svt_rates(eps_gate: float, cutoff: int) -> tuple[Fraction, Fraction]:
     """The rates of the threshold noise (eps1 / 2) and the query noise (eps1 / 4), eps1 =
-    eps_gate / c as the float holds it, as exact rationals."""
-    eps1 = Fraction(float(eps_gate) / int(cutoff))
+    eps_gate / c exactly (the float eps_gate's rational value over c), so that the c
+    instances spend exactly eps_gate."""
+    eps1 = Fraction(float(eps_gate)) / int(cutoff)
     return eps1 / 2, eps1 / 4
 
 
-def discrete_difference_tail(s: int, rate_rho: float, rate_nu: float) -> float:
-    """P(rho - nu >= s) for independent discrete Laplace rho (rate g1 = rate_rho) and nu
-    (rate g2 = rate_nu < g1), a = e^-g1, b = e^-g2. For s >= 1, summing P(nu = y) P(rho >= s + y)
-    over y >= 0, -s <= y < 0 and y < -s (geometric series; P(rho >= m) = a^m / (1 + a) for
-    m >= 0 and 1 - a^(1-m) / (1 + a) below):
-        kappa_b [a^s (1 - a^2 b^(s+1) / a^s) / ((1 + a)(1 - a b))
-                 + b (b^s - a^s) / ((1 + a)(b - a))] + b^(s+1) / (1 + b),
-    with (b^s - a^s) / (b - a) = b^(s-1) expm1(-d s) / expm1(-d), d = g1 - g2 (all terms
-    positive). For s <= 0 by symmetry: 1 - P(rho - nu >= 1 - s)."""
+def log_discrete_difference_tail(s: int, rate_rho: float, rate_nu: float) -> float:
+    """ln P(rho - nu >= s) for independent discrete Laplace rho (rate g1 = rate_rho) and nu
+    (rate g2 = rate_nu < g1), a = e^-g1, b = e^-g2, kappa_b = (1 - b) / (1 + b). For s >= 1,
+    summing P(nu = y) P(rho >= s + y) over y >= 0, -s <= y < 0 and y < -s (geometric series;
+    P(rho >= m) = a^m / (1 + a) for m >= 0 and 1 - a^(1-m) / (1 + a) below) gives
+    P = b^s B with
+        B = kappa_b e^(-d s) / ((1 + a)(1 - a b)) + kappa_b E / (1 + a)
+            + b (1 / (1 + b) - kappa_b a^2 / ((1 + a)(1 - a b))),
+    d = g1 - g2, E = (1 - e^(-d s)) / (1 - e^(-d)) (the middle sum, b^(1-s) sum_i b^i a^(s-i));
+    the last bracket is the y < -s part, at least half of its first term. In logs, so that
+    tiny tails (eps > 700) neither underflow nor round to 0. For s <= 0 by symmetry:
+    ln(1 - P(rho - nu >= 1 - s))."""
     s = int(s)
-    if s <= 0:
-        return 1.0 - discrete_difference_tail(1 - s, rate_rho, rate_nu)
     g1, g2 = float(rate_rho), float(rate_nu)
     if not g1 > g2 > 0:
         raise ValueError("discrete_difference_tail needs rate_rho > rate_nu > 0")
+    if s <= 0:
+        return math.log1p(-math.exp(log_discrete_difference_tail(1 - s, g1, g2)))
     a, b = math.exp(-g1), math.exp(-g2)
     kappa_b = -math.expm1(-g2) / (1.0 + b)
-    a_s, b_s = math.exp(-g1 * s), math.exp(-g2 * s)
     one_minus_ab = -math.expm1(-(g1 + g2))
     d = g1 - g2
-    middle = math.exp(-g2 * (s - 1)) * math.expm1(-d * s) / math.expm1(-d)
-    low = (a_s - a * a * b * b_s) / ((1.0 + a) * one_minus_ab)
-    return kappa_b * (low + b * middle / (1.0 + a)) + b * b_s / (1.0 + b)
+    middle = math.expm1(-d * s) / math.expm1(-d)
+    below = b * (1.0 / (1.0 + b) - kappa_b * a * a / ((1.0 + a) * one_minus_ab))
+    bracket = (kappa_b * math.exp(-d * s) / ((1.0 + a) * one_minus_ab)
+               + kappa_b * middle / (1.0 + a) + below)
+    return -g2 * s + math.log(bracket)
+
+
+def discrete_difference_tail(s: int, rate_rho: float, rate_nu: float) -> float:
+    """P(rho - nu >= s) (`log_discrete_difference_tail`)."""
+    return math.exp(log_discrete_difference_tail(s, rate_rho, rate_nu))
 
 
 def svt_threshold(eps_gate: float, cutoff: int, delta: float, eps_total: float) -> int:
     """The smallest integer T >= 0 with (1 + e^eps_total) c q(T) <= delta, where
-    q(T) = P(rho - nu > T) = P(rho - nu >= T + 1) for the session's noises."""
+    q(T) = P(rho - nu > T) = P(rho - nu >= T + 1) for the session's noises; compared in logs
+    with a relative margin of 1e-9 on q, so that float rounding of q never lets a T through
+    whose exact q misses delta."""
     rate_rho, rate_nu = (float(r) for r in svt_rates(eps_gate, cutoff))
-    target = delta / ((1.0 + math.exp(min(eps_total, 700.0))) * cutoff)
+    log_target = math.log(delta) - math.log(cutoff) - float(np.logaddexp(0.0, eps_total))
 
-    def q(t: int) -> float:
-        return discrete_difference_tail(t + 1, rate_rho, rate_nu)
+    def fails(t: int) -> bool:
+        return log_discrete_difference_tail(t + 1, rate_rho, rate_nu) + 1e-9 > log_target
 
-    lo, hi = -1, 1                       # invariant: q(hi) <= target, and q(lo) > target or lo = -1
-    while q(hi) > target:
+    if not fails(0):
+        return 0
+    lo, hi = 0, 1                         # fails(lo) and, once the loop ends, not fails(hi)
+    while fails(hi):
         lo, hi = hi, 2 * hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if q(mid) > target:
+        if fails(mid):
             lo = mid
         else:
             hi = mid
-    return hi if q(0) > target else 0
+    return hi
 
 
 @dataclass(frozen=True)
@@ -317,9 +331,13 @@ class SparseVectorGate(Mechanism):
 
     @property
     def eps_fallback(self) -> float:
-        """Per fallback answer (at most `cutoff` of them)."""
-        return self.epsilon * self.fallback_share / self.cutoff if self.fallback != "refuse" \
-            else 0.0
+        """Per fallback answer (at most `cutoff` of them): (eps - eps_gate) / c, rounded down
+        so that the gate and c fallbacks spend at most eps exactly."""
+        if self.fallback == "refuse":
+            return 0.0
+        exact = (Fraction(float(self.epsilon)) - Fraction(float(self.eps_gate))) / int(self.cutoff)
+        value = float(exact)
+        return math.nextafter(value, 0.0) if Fraction(value) > exact else value
 
     @property
     def threshold(self) -> int:
@@ -371,28 +389,39 @@ class SparseVectorGate(Mechanism):
                                          *self.rates, int(self.cutoff))
 
 
+GATE_GRID_POINTS = 8001      # threshold-noise values summed exactly; wider laws go in blocks
+
+
 def gated_correct_probability(stable_right: NDArray[np.bool_], fallback_right: NDArray[np.float64],
                               radius: NDArray[np.int64], threshold: int, rate_rho: float,
-                              rate_nu: float, cutoff: int) -> NDArray[np.float64]:
-    """Per-query probability that a session answers correctly (exact up to float rounding
-    and a threshold-noise tail below 1e-15).
+                              rate_nu: float, cutoff: int,
+                              max_points: int = GATE_GRID_POINTS) -> NDArray[np.float64]:
+    """Per-query probability that a session answers correctly.
 
     The state before query i is (tops used j < c, current threshold noise rho); it is kept as
     a distribution over the integers |rho| <= M, P(|rho| > M) < 1e-15, for each j. Query i is
     stable given rho with probability s_i(rho) = P(nu < r_i - T + rho) = F_nu(r_i - T + rho - 1);
     then it is answered with the certified class (right iff `stable_right`), else by the
     fallback (right with probability `fallback_right`) and the state moves to (j + 1, fresh
-    rho). Halted sessions refuse."""
+    rho). Halted sessions refuse. Exact up to float rounding while the 2M + 1 values fit in
+    `max_points` (eps1 >= 0.018); beyond, rho is summed in blocks of h consecutive integers
+    (each block's exact mass at its middle integer), a midpoint rule on functions that vary
+    on the scale 1 / eps1 >> h, whose error is of order (h eps1)^2 <= 1e-4."""
     g1, g2 = float(rate_rho), float(rate_nu)
     reach = int(math.ceil(36.0 / g1))
-    rho = np.arange(-reach, reach + 1)
-    w = discrete_laplace_pmf(rho, g1)
+    block = max(1, math.ceil((2 * reach + 1) / max_points))
+    block += 1 - block % 2                              # odd: blocks tile the integers
+    reach = (reach // block + 1) * block                 # whole blocks, centred on 0
+    centres = np.arange(-reach, reach + 1, block)
+    upper = discrete_laplace_cdf(centres + block // 2, g1)
+    lower = discrete_laplace_cdf(centres - block // 2 - 1, g1)
+    w = upper - lower if block > 1 else discrete_laplace_pmf(centres, g1)
     w /= w.sum()
-    mass = np.zeros((cutoff, rho.size))            # P(state = (j, rho))
+    mass = np.zeros((cutoff, centres.size))        # P(state = (j, rho))
     mass[0] = w
     out = np.zeros(len(radius))
     for i in range(len(radius)):
-        stable = discrete_laplace_cdf(int(radius[i]) - int(threshold) + rho - 1, g2)
+        stable = discrete_laplace_cdf(int(radius[i]) - int(threshold) + centres - 1, g2)
         p_stable = mass * stable[None, :]
         p_top = mass - p_stable
         top_by_j = p_top.sum(axis=1)

@@ -3,7 +3,8 @@
 Given the nominal prediction f(D) in {0, 1} and its stability radius r (the index of the
 largest certified box; -1 where not even k = 0 certifies), the AGT paper (Thm 5.1) bounds
 the beta-smooth sensitivity by
-    S_beta = exp(-beta * max(r, 0)).
+    S_beta = exp(-beta * max(r, 0))
+(here with the exponent capped at 600, `smooth_bound`, so that S stays a normal float).
 S is a beta-smooth upper bound on the local sensitivity (S(D) <= e^beta S(D') for
 neighbours) because r(D') >= r(D) - 1 for every neighbour D' (the nesting property of the
 exact selection rule; the mechanism refuses radii without that proof, base.py), and
@@ -68,14 +69,28 @@ def smooth_beta(epsilon: float, delta: float | None, noise: NoiseKind) -> float:
     return epsilon / 6.0
 
 
+# The exponent of S is capped so that S, and the noise scales built from it, stay normal
+# floats: an underflowed scale (0, or a subnormal with few significant bits) would break the
+# ratio of neighbouring release laws that pure eps-DP needs (an adversarial review found
+# ss-cauchy's s = 0 at r = 4471 against a positive flip probability at r = 4470, eps = 1).
+SMOOTH_EXPONENT_CAP = 600.0
+
+
 def smooth_bound(radii: ArrayLike, beta: float) -> NDArray[np.float64]:
-    """S_beta = exp(-beta * max(r, 0)) for stability radii r >= -1 (AGT Thm 5.1)."""
+    """S_beta = exp(-min(beta * max(r, 0), 600)) for stability radii r >= -1 (AGT Thm 5.1).
+
+    The cap keeps S >= e^-600 (a normal float, so every scale built from it is computed to
+    a relative error of a few ulps). It changes nothing in the proof: min(beta max(r, 0), 600)
+    still moves by at most beta between neighbours (a minimum with a constant keeps the
+    Lipschitz bound), so S(D) <= e^beta S(D'), and S is still >= the local sensitivity (it
+    equals the unscaled bound wherever r <= 0)."""
     problems = privacy_problems()
     r = radius_array(radii, problems)
     if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
         problems.add(f"beta must be a finite number > 0, got {beta!r}")
     problems.raise_if_any()
-    return np.exp(-beta * np.maximum(r, 0).astype(np.float64))
+    exponent = np.minimum(beta * np.maximum(r, 0).astype(np.float64), SMOOTH_EXPONENT_CAP)
+    return np.exp(-exponent)
 
 
 def noise_scale(epsilon: float, delta: float | None, radii: ArrayLike, noise: NoiseKind
@@ -199,8 +214,7 @@ class SmoothArgmax(Mechanism):
 
     def scale(self, radius: NDArray[np.int64], n_classes: int) -> NDArray[np.float64]:
         local = 1.0 if n_classes == 2 else 2.0
-        s = local * np.exp(-self.beta(n_classes) * np.maximum(radius, 0).astype(np.float64))
-        return 6.0 * s / self.epsilon
+        return 6.0 * local * smooth_bound(radius, self.beta(n_classes)) / self.epsilon
 
     def guarantee(self, relation: str) -> Guarantee:
         return Guarantee(float(self.epsilon), 0.0, relation, self.name,

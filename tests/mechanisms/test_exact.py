@@ -218,5 +218,9 @@ def test_cauchy_threshold_releases_draw_from_their_law_without_floats():
     assert abs(float(np.mean(half != values[:4000])) - 0.5) <= 5 * math.sqrt(0.25 / 4000)
     with pytest.raises(ValueError, match="binary"):
         threshold_draw(np.array([2]), 0.4, "cauchy", rng)
+    for bad in (math.nan, -1.0):               # fail closed, never "no noise"
+        for noise in ("cauchy", "laplace"):
+            with pytest.raises(ValueError, match="scales"):
+                threshold_draw(values[:2], bad, noise, rng)
     with pytest.raises(ValueError):
         bernoulli_arctan_over_pi(Fraction(-1), rng)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 
+import mpmath
 import numpy as np
 import pytest
 
@@ -150,6 +152,58 @@ def test_threshold_meets_delta_and_is_the_smallest():
             return (1 + math.exp(eps)) * c * discrete_difference_tail(threshold + 1, g1, g2)
 
         assert bound(t) <= delta < bound(t - 1)
+
+
+def _tail_by_summation(s, g1, g2):
+    """P(rho - nu >= s) at 40 digits by summing P(nu = y) P(rho >= s + y) directly."""
+    with mpmath.workdps(40):
+        a, b = mpmath.exp(-g1), mpmath.exp(-g2)
+
+        def survival(m):                    # P(rho >= m)
+            return a ** m / (1 + a) if m >= 0 else 1 - a ** (1 - m) / (1 + a)
+
+        reach = int(80 / g2) + abs(s)
+        return mpmath.fsum((1 - b) / (1 + b) * b ** abs(y) * survival(s + y)
+                           for y in range(-reach, reach + 1))
+
+
+def test_threshold_holds_exactly_at_the_boundary_and_beyond_eps_700():
+    """An adversarial review found delta = 0.2838578317809405 (eps 1, c = 1) where the float
+    q(8) passed and the exact one did not; and eps > 700, where (1 + e^eps) was capped at
+    1 + e^700. Both are checked against 40-digit sums of the law."""
+    t = svt_threshold(1.0, 1, 0.2838578317809405, 1.0)
+    g1, g2 = (float(r) for r in svt_rates(1.0, 1))
+    with mpmath.workdps(40):
+        assert (1 + mpmath.e) * _tail_by_summation(t + 1, g1, g2) <= mpmath.mpf(0.2838578317809405)
+    assert t == 9
+    t = svt_threshold(800.0, 1, 0.9, 900.0)
+    g1, g2 = (float(r) for r in svt_rates(800.0, 1))
+    with mpmath.workdps(40):
+        assert (1 + mpmath.exp(900)) * _tail_by_summation(t + 1, g1, g2) <= mpmath.mpf(0.9)
+        assert (1 + mpmath.exp(900)) * _tail_by_summation(t, g1, g2) > mpmath.mpf(0.9)
+
+
+def test_gate_and_fallbacks_spend_at_most_eps_exactly():
+    """eps1 = eps_gate / c exactly, and the fallbacks' eps rounded down: the session's total
+    c eps1 + c eps_fb never exceeds eps as rationals (a review found 1.5e-16 excess)."""
+    for eps in (0.3, 1.0, 0.7, 2.9, 1e-3):
+        for cutoff in (1, 3, 7, 10):
+            for share in (0.1, 0.3, 0.5, 0.9):
+                mech = make_mechanism("svt", eps, 1e-5, cutoff=cutoff, fallback_share=share)
+                rate_rho, _ = mech.rates
+                total = 2 * rate_rho * cutoff + cutoff * Fraction(mech.eps_fallback)
+                assert total <= Fraction(eps)
+
+
+def test_coarse_gate_law_is_close_to_the_exact_sum():
+    """Wide threshold noises (eps1 < 0.018) are summed in blocks; against the exact sum over
+    every integer the difference stays below 1e-5."""
+    radius = np.random.default_rng(0).integers(-5, 400, 30)
+    for g1 in (0.004, 0.0005):
+        args = (np.ones(30, bool), np.full(30, 0.3), radius, 200, g1, g1 / 2, 3)
+        exact = gated_correct_probability(*args, max_points=10**7)
+        coarse = gated_correct_probability(*args)
+        assert np.abs(exact - coarse).max() < 1e-5
 
 
 def transcript_probabilities(radii, threshold, rate_rho, rate_nu, cutoff):

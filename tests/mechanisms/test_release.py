@@ -176,6 +176,25 @@ def test_ss_privacy_ratio_on_neighbouring_radii():
     assert worst <= eps + 1e-12
 
 
+@pytest.mark.parametrize("eps", [1.0, 0.5, 20.0])
+def test_smooth_scales_never_underflow_at_large_radii(eps):
+    """Before the exponent cap, ss-cauchy's scale 6 exp(-eps r / 6) / eps was 0 from
+    r = 4471 at eps = 1 (a positive flip probability at r = 4470 against none at 4471: an
+    infinite ratio) and subnormal just before (neighbouring ratios of 2 at eps = 0.5). Now
+    every scale is a normal float, and neighbouring flip probabilities stay within e^beta."""
+    radii = np.array([4460, 4470, 4471, 8928, 8942, 10**6, 10**9])
+    beta = smooth_beta(eps, None, "cauchy")
+    for r in radii:
+        pair = np.array([r, r + 1])
+        scale = noise_scale(eps, None, pair, "cauchy")
+        assert (scale >= np.finfo(np.float64).tiny).all()
+        p = flip_probability_ss(eps, None, pair, "cauchy")
+        assert p[1] > 0 and p[0] / p[1] <= math.exp(beta) * (1 + 1e-12)
+        assert (noise_scale(eps, 1e-6, pair, "laplace") >= np.finfo(np.float64).tiny).all()
+    argmax = make_mechanism("ss-argmax", eps)
+    assert (argmax.scale(radii, 5) >= np.finfo(np.float64).tiny).all()
+
+
 # -- refusals ---------------------------------------------------------------------------
 
 def test_radii_without_a_nesting_proof_are_refused_by_radius_mechanisms():
