@@ -20,7 +20,7 @@ from agt.config import load_config
 from agt.data import blobs_features, load_dataset
 from agt.store import from_result
 from agt.training import train
-from mechanisms.smooth import smooth_beta
+from mechanisms.smooth import smooth_beta, smooth_bound
 
 from experiments.context import Context, Outcome, markdown_table
 from experiments.plan import display_path
@@ -62,7 +62,7 @@ def run(ctx: Context) -> Outcome:
         grid = certifier.certify(feats)
         test = certifier.certify(ds.x_test)
         r = np.maximum(grid.radius, 0).reshape(s.grid_points, s.grid_points)
-        bound = np.exp(-beta * r)
+        bound = smooth_bound(r, beta)
         test_points = _raw_points(ds)
         panels.append({
             "variant": variant, "description": VARIANT_TEXT[variant],
@@ -119,7 +119,7 @@ def _plot(ctx: Context, s, axis, panels, beta):
     from matplotlib.colors import LogNorm
     from matplotlib.lines import Line2D
 
-    bounds = [np.exp(-beta * p["grid_radius"]) for p in panels]
+    bounds = [smooth_bound(np.maximum(p["grid_radius"], 0), beta) for p in panels]
     vmin = max(min(float(b.min()) for b in bounds), 1e-300)
     norm = LogNorm(vmin=min(vmin, 0.5), vmax=1.0)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5.0), squeeze=False)

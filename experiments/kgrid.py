@@ -29,7 +29,7 @@ import numpy as np
 
 from agt.certify import Certifier
 from agt.store import Bundle
-from mechanisms.smooth import smooth_beta
+from mechanisms.smooth import smooth_beta, smooth_bound
 
 from mechanisms import Certified
 
@@ -95,7 +95,7 @@ def run(ctx: Context) -> Outcome:
                      "contiguous": contiguous, "radius_mean": float(r.mean()),
                      "smooth_bound_mean": {}, "expected_accuracy": {}}
             for e, beta in betas.items():
-                entry["smooth_bound_mean"][str(e)] = float(np.exp(-beta * r).mean())
+                entry["smooth_bound_mean"][str(e)] = float(smooth_bound(r, beta).mean())
                 if fam != "linear-value":  # only smooth radii calibrate a valid release
                     mech = single_mechanism(f"ss-{s.noise}", e, s.delta)
                     entry["expected_accuracy"][str(e)] = expected_accuracy(
@@ -103,7 +103,7 @@ def run(ctx: Context) -> Outcome:
             curves[fam].append(entry)
     full = {"k_values": [bundle.k_values[0], bundle.k_values[-1], L],
             "radius_mean": float(np.maximum(model.cert.radius, 0).mean()),
-            "smooth_bound_mean": {str(e): float(np.exp(-b * np.maximum(model.cert.radius, 0)).mean())
+            "smooth_bound_mean": {str(e): float(smooth_bound(model.cert.radius, b).mean())
                                   for e, b in betas.items()}}
     results = {"sizes": sizes, "epsilons": list(s.epsilons), "noise": s.noise,
                "betas": {str(e): b for e, b in betas.items()}, "n_queries": int(len(y)),

@@ -24,10 +24,20 @@ def is_real(x: object) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
 
 
+# Above this an epsilon promises nothing, and noise scales such as 6 S / eps would leave the
+# normal float range (a review found ss-cauchy's scales subnormal from eps ~ 1e47 and 0 at
+# 1e64, an infinite ratio between neighbouring release laws).
+MAX_EPSILON = 1e6
+
+
 def check_epsilon(epsilon: object, problems: Problems, name: str = "epsilon") -> None:
-    """epsilon must be a finite real number > 0."""
+    """epsilon must be a real number in (0, MAX_EPSILON]."""
     if not is_real(epsilon) or not math.isfinite(epsilon) or epsilon <= 0:
         problems.add(f"{name} must be a finite number > 0, got {epsilon!r}", PrivacyError)
+    elif epsilon > MAX_EPSILON:
+        problems.add(f"{name} must be at most {MAX_EPSILON:g} (larger values give no privacy "
+                     f"and push noise scales out of the float range), got {epsilon!r}",
+                     PrivacyError)
 
 
 def check_delta(delta: object, problems: Problems, name: str = "delta",
@@ -81,9 +91,9 @@ def radius_array(radii: ArrayLike, problems: Problems, name: str = "radii",
             problems.add(f"{name} must be integers (grid indices), got fractional values",
                          DataError)
             return None
-        if (np.abs(arr) > 2.0**53).any():
-            problems.add(f"{name} must be at most 2**53 in size, got {arr.max()!r}", DataError)
-            return None
+    if (arr > (2**53 if arr.dtype.kind in "iu" else 2.0**53)).any():   # uint64 would wrap
+        problems.add(f"{name} must be at most 2**53, got {arr.max()!r}", DataError)
+        return None
     low = arr < minimum
     if low.any():
         problems.add(f"{name} must be >= {minimum}; {int(low.sum())} entries are lower "

@@ -80,6 +80,8 @@ from functools import partial
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from agt.errors import PrivacyError
+
 from mechanisms.base import REFUSED, Mechanism, register
 from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
 from mechanisms.exact import discrete_laplace, exponential_choice
@@ -267,13 +269,19 @@ def discrete_difference_tail(s: int, rate_rho: float, rate_nu: float) -> float:
 def svt_threshold(eps_gate: float, cutoff: int, delta: float, eps_total: float) -> int:
     """The smallest integer T >= 0 with (1 + e^eps_total) c q(T) <= delta, where
     q(T) = P(rho - nu > T) = P(rho - nu >= T + 1) for the session's noises; compared in logs
-    with a relative margin of 1e-9 on q, so that float rounding of q never lets a T through
-    whose exact q misses delta."""
+    with a relative margin of 1e-9 on q (plus 1e-13 of the logs' size, the scale of their
+    rounding at eps >> 1), so that float rounding of q never lets a T through whose exact q
+    misses delta."""
     rate_rho, rate_nu = (float(r) for r in svt_rates(eps_gate, cutoff))
     log_target = math.log(delta) - math.log(cutoff) - float(np.logaddexp(0.0, eps_total))
 
     def fails(t: int) -> bool:
-        return log_discrete_difference_tail(t + 1, rate_rho, rate_nu) + 1e-9 > log_target
+        if t > 2**53:                     # radii never get there: every query would be unstable
+            raise PrivacyError(f"the sparse vector's threshold exceeds 2**53 at eps {eps_gate!r} "
+                               f"over cutoff {cutoff}: raise epsilon or lower the cutoff")
+        log_q = log_discrete_difference_tail(t + 1, rate_rho, rate_nu)
+        # the float log's error grows with its size (about 1e-16 of it): margin beyond that
+        return log_q + 1e-9 + 1e-13 * (abs(log_target) + abs(log_q)) > log_target
 
     if not fails(0):
         return 0
@@ -406,7 +414,8 @@ def gated_correct_probability(stable_right: NDArray[np.bool_], fallback_right: N
     rho). Halted sessions refuse. Exact up to float rounding while the 2M + 1 values fit in
     `max_points` (eps1 >= 0.018); beyond, rho is summed in blocks of h consecutive integers
     (each block's exact mass at its middle integer), a midpoint rule on functions that vary
-    on the scale 1 / eps1 >> h, whose error is of order (h eps1)^2 <= 1e-4."""
+    on the scale 1 / eps1 > h (h eps1 <= 0.054); measured against the exact sums for eps1 =
+    0.001-0.036, the error stays below 1.1e-6 (tests/mechanisms/test_radius.py)."""
     g1, g2 = float(rate_rho), float(rate_nu)
     reach = int(math.ceil(36.0 / g1))
     block = max(1, math.ceil((2 * reach + 1) / max_points))

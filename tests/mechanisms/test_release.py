@@ -45,14 +45,15 @@ def alternating(n):
 # -- hand values --------------------------------------------------------------------------
 
 def test_beta_and_scales_hand_values():
-    assert smooth_beta(1.0, 1e-5, "laplace") == pytest.approx(1.0 / (2 * math.log(2e5)))
+    # e^beta - 1 = eps / (2 ln(2/delta)) exactly (the papers' beta is its first order)
+    assert smooth_beta(1.0, 1e-5, "laplace") == pytest.approx(math.log1p(1.0 / (2 * math.log(2e5))))
     assert smooth_beta(0.6, None, "cauchy") == pytest.approx(0.1)
     # r = 0: S = 1, Laplace 2/eps, Cauchy 6/eps.
     assert noise_scale(0.5, 1e-5, 0, "laplace") == pytest.approx(4.0)
     assert noise_scale(0.5, None, 0, "cauchy") == pytest.approx(12.0)
     # Cauchy, eps = 0.6: beta = 0.1, r = 10 -> S = e^-1, scale = 6 e^-1 / 0.6 = 10 / e.
     assert noise_scale(0.6, None, 10, "cauchy") == pytest.approx(10.0 / math.e)
-    beta = 2.0 / (2 * math.log(2 / 1e-6))
+    beta = math.log1p(2.0 / (2 * math.log(2 / 1e-6)))
     assert noise_scale(2.0, 1e-6, [0, 3, 7], "laplace") == pytest.approx(
         np.exp(-beta * np.array([0, 3, 7])))
     assert smooth_bound([0, 1, 2], 0.5) == pytest.approx([1.0, math.exp(-0.5), math.exp(-1.0)])
@@ -195,6 +196,66 @@ def test_smooth_scales_never_underflow_at_large_radii(eps):
     assert (argmax.scale(radii, 5) >= np.finfo(np.float64).tiny).all()
 
 
+def _worst_delta_ss_laplace(eps, delta, beta):
+    """max over neighbouring (prediction, radius) pairs and both outputs of
+    P_D(o) - e^eps P_D'(o) for the binary Laplace release with smoothness beta (closed-form
+    flip probabilities of the scales 2 exp(-beta max(r, 0)) / eps)."""
+    def flip(r):
+        return 0.5 * math.exp(-eps / (4.0 * math.exp(-beta * max(r, 0))))
+
+    worst = -1.0
+    pairs = [((f, r), (f, r2)) for f in (0, 1) for r in range(-1, 6) for r2 in (r - 1, r + 1)
+             if r2 >= -1]
+    pairs += [((f, r), (1 - f, r2)) for f in (0, 1) for r in (-1, 0) for r2 in (-1, 0)]
+    for (f, r), (g, r2) in pairs:
+        for out in (0, 1):
+            p = 1 - flip(r) if out == f else flip(r)
+            q = 1 - flip(r2) if out == g else flip(r2)
+            worst = max(worst, p - math.exp(eps) * q)
+    return worst
+
+
+@pytest.mark.parametrize("delta,eps_range", [(1e-6, (40.0, 56.0)), (1e-12, (85.0, 112.0)),
+                                             (1e-5, (0.1, 5.0))])
+def test_ss_laplace_is_eps_delta_dp_at_large_eps(delta, eps_range):
+    """An adversarial review found the papers' beta = eps / (2 ln(2/delta)) above (eps, delta)
+    at eps = 46.9-52.5 for delta = 1e-6 (neighbours r = 0 and 1: the flip at r = 0 has
+    probability exp(-eps/4)/2, at r = 1 exp(-eps e^beta / 4)/2, and e^beta - 1 > beta). The
+    mechanism's beta = ln(1 + eps / (2 ln(2/delta))) holds everywhere; the papers' fails."""
+    grid = np.linspace(*eps_range, 65)
+    for eps in grid:
+        mech_beta = smooth_beta(float(eps), delta, "laplace")
+        scale = noise_scale(float(eps), delta, [0, 1], "laplace")
+        assert scale[1] == pytest.approx(scale[0] * math.exp(-mech_beta), rel=1e-12)
+        assert _worst_delta_ss_laplace(float(eps), delta, mech_beta) <= delta * (1 + 1e-9)
+    papers = max(_worst_delta_ss_laplace(float(e), delta, e / (2 * math.log(2 / delta)))
+                 for e in grid)
+    if delta < 1e-5:
+        assert papers > 1.5 * delta
+
+
+@pytest.mark.parametrize("name", ["ss-cauchy", "ss-argmax", "ss-laplace", "gs"])
+def test_scales_stay_normal_up_to_the_largest_epsilon(name):
+    """eps is refused above 1e6; at 1e6 every scale is still a normal float."""
+    delta = 1e-5 if name == "ss-laplace" else None
+    mech = make_mechanism(name, 1e6, delta)
+    radii = np.array([-1, 0, 1, 10**4, 10**9])
+    inputs = certified([1, 0, 1, 1, 0], radii)
+    if name == "ss-argmax":
+        scales = mech.scale(radii, 3)
+    elif name == "gs":
+        scales = np.array([1.0 / mech.epsilon])
+    else:
+        scales = mech.scale(radii)
+    assert (scales >= np.finfo(np.float64).tiny).all()
+    assert set(mech.release(inputs, make_generator(0)).tolist()) <= {0, 1}
+
+
+def test_sparse_vector_refuses_a_threshold_beyond_any_radius():
+    with pytest.raises(PrivacyError, match="2\\*\\*53"):
+        make_mechanism("svt", 1e-280, 1e-5).threshold
+
+
 # -- refusals ---------------------------------------------------------------------------
 
 def test_radii_without_a_nesting_proof_are_refused_by_radius_mechanisms():
@@ -212,7 +273,7 @@ def test_radius_mechanisms_need_radii_and_binary_models():
         make_mechanism("gs", 1.0).check(certified([0, 2], n_classes=3))
 
 
-@pytest.mark.parametrize("eps", [0.0, -1.0, float("nan"), float("inf"), "1", None, True])
+@pytest.mark.parametrize("eps", [0.0, -1.0, float("nan"), float("inf"), "1", None, True, 1.1e6])
 def test_bad_epsilon_is_refused(eps):
     for name, delta in (("gs", None), ("ss-cauchy", None), ("ss-laplace", 1e-5)):
         with pytest.raises(PrivacyError, match="epsilon"):
@@ -242,7 +303,8 @@ def test_pure_mechanisms_refuse_a_delta_and_unknown_names_are_refused():
 
 @pytest.mark.parametrize("radii,match", [
     ([1.0, float("nan")], "NaN"), ([1, -2], ">= -1"), ([1.5, 2.0], "integers"),
-    ([1.0, float("inf")], "finite"), ([True, False], "dtype"), (["1", "2"], "dtype")])
+    ([1.0, float("inf")], "finite"), ([True, False], "dtype"), (["1", "2"], "dtype"),
+    (np.array([1, 2**63], dtype=np.uint64), "2\\*\\*53"), ([1, 2**53 + 1], "2\\*\\*53")])
 def test_bad_radii_are_refused(radii, match):
     with pytest.raises(DataError, match=match):
         certified([0, 1], radii)
