@@ -49,9 +49,9 @@ went over e^eps the same way. The samplers below draw from the exact distributio
 
 mechanisms/noise.py draws the binary Laplace threshold releases and the PTR tests through
 `bernoulli` and `bernoulli_exp` too (their outcomes have closed-form laws), and lnmax
-(mechanisms/ensemble.py) adds `discrete_laplace` noise to its integer vote counts. The
-binary Cauchy releases through `bernoulli_arctan_over_pi`, and the sparse vector adds
-`discrete_laplace` noise to the integer radii. ss-argmax's Cauchy noises for more than two
+(mechanisms/ensemble.py) adds `discrete_laplace` noise to its integer vote counts; the
+binary Cauchy releases draw their flips through `bernoulli_arctan_over_pi`, and the sparse
+vector adds `discrete_laplace` noise to the integer radii. ss-argmax's Cauchy noises for more than two
 classes and the convex mechanisms' Gaussian noises are still drawn in floating point;
 README "What is private and what is not" states what that leaves.
 """

@@ -79,7 +79,8 @@ def threshold_draw(values: NDArray[np.int64], scale: ArrayLike | float, noise: N
         raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
     scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), values.shape)
     if np.isnan(scale).any() or (scale < 0).any():     # fail closed: never "no noise" by accident
-        raise ValueError("threshold releases need noise scales >= 0 (inf allowed), got NaN or < 0")
+        raise ValueError("threshold releases need noise scales >= 0 (inf allowed), got NaN "
+                         "or < 0")
     flat = np.asarray(values).reshape(-1).tolist()
     if not set(flat) <= {0, 1}:
         raise ValueError("threshold releases take binary predictions (0 or 1)")
@@ -93,7 +94,8 @@ def threshold_draw(values: NDArray[np.int64], scale: ArrayLike | float, noise: N
 def discrete_laplace_pmf(k: ArrayLike, rate: float) -> NDArray[np.float64]:
     """P(Z = k) for Z discrete Laplace of rate g: kappa exp(-g |k|)."""
     k = np.asarray(k)
-    return -math.expm1(-rate) / (1.0 + math.exp(-rate)) * np.exp(-rate * np.abs(k).astype(np.float64))
+    kappa = -math.expm1(-rate) / (1.0 + math.exp(-rate))
+    return kappa * np.exp(-rate * np.abs(k).astype(np.float64))
 
 
 def discrete_laplace_cdf(k: ArrayLike, rate: float) -> NDArray[np.float64]:
@@ -152,7 +154,8 @@ def ptr_draw(answer: NDArray[np.int64], distance: NDArray[np.int64], epsilon: fl
 
 def _laplace_flip(s: float, rng: np.random.Generator) -> bool:
     """True with probability exp(-1 / (2 s)) / 2 = B(1/2) and B(exp(-1 / (2 s))), s > 0."""
-    return bernoulli(Fraction(1, 2), rng) and (math.isinf(s) or bernoulli_exp(1 / (2 * Fraction(s)), rng))
+    return bernoulli(Fraction(1, 2), rng) and (
+        math.isinf(s) or bernoulli_exp(1 / (2 * Fraction(s)), rng))
 
 
 def _cauchy_flip(s: float, rng: np.random.Generator) -> bool:

@@ -61,15 +61,15 @@ def _check_params(epsilon: object, delta: object, noise: object, problems) -> No
 
 
 def smooth_beta(epsilon: float, delta: float | None, noise: NoiseKind) -> float:
-    """Smoothness parameter beta: ln(1 + eps / (2 ln(2/delta))) for Laplace, eps / 6 for
-    Cauchy.
+    """Smoothness parameter beta: min(ln(1 + eps / (2 ln(2/delta))), eps / 2) for Laplace,
+    eps / 6 for Cauchy.
 
     Laplace, the dilation step of the proof: a neighbour's noise is e^lambda Z with
     |lambda| <= beta. For lambda < 0 the density ratio of Z against e^lambda Z at z is
     e^lambda exp(|z| (e^|lambda| - 1)) <= exp(|z| (e^beta - 1)), at most e^(eps/2) for
-    |z| <= (eps / 2) / (e^beta - 1) =: t (for lambda >= 0 it is at most e^beta <= e^(eps/2));
-    the rest has probability P(|Z| > t) = e^-t, which must be <= delta / 2, so
-    e^beta - 1 <= eps / (2 ln(2/delta)). NRS (and the AGT paper) state beta = eps /
+    |z| <= (eps / 2) / (e^beta - 1) =: t (for lambda >= 0 it is at most e^beta, so beta <=
+    eps / 2 is needed too, which binds only for delta > 2/e); the rest has probability
+    P(|Z| > t) = e^-t, which must be <= delta / 2, so e^beta - 1 <= eps / (2 ln(2/delta)). NRS (and the AGT paper) state beta = eps /
     (2 ln(2/delta)), which satisfies this only to first order: an adversarial review found
     the binary release above (eps, delta) at eps = 46.9-52.5 for delta = 1e-6 (beta = 1.65-
     1.83), and at eps 91-108 for delta = 1e-12. The log1p form is exact; it is 2 % below the
@@ -78,7 +78,7 @@ def smooth_beta(epsilon: float, delta: float | None, noise: NoiseKind) -> float:
     _check_params(epsilon, delta, noise, problems)
     problems.raise_if_any()
     if noise == "laplace":
-        return math.log1p(epsilon / (2.0 * math.log(2.0 / delta)))
+        return min(math.log1p(epsilon / (2.0 * math.log(2.0 / delta))), epsilon / 2.0)
     return epsilon / 6.0
 
 
