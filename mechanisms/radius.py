@@ -61,7 +61,8 @@ svt / ens-svt: stability-gated answering with the sparse vector (Bassily, Thakka
   query declared stable in this instance means i* was (an unstable one ends the instance),
   which needs rho - nu_i* > T (r_i* <= 0); rho and nu_i* are fresh and independent of the
   start, so this has probability at most q(T) = P(rho - nu > T), and P(E) <= c q(T) =: delta'. The
-  usual argument (compare with a mechanism that answers a fixed class where r <= 0) gives
+  usual argument (compare, for each neighbouring pair D, D', with a mechanism that answers
+  a fixed class at the queries whose radii are <= 0 under both) gives
       (eps, delta)-DP for the whole session, eps = eps_svt + eps_fb,
       delta = (1 + e^eps) delta'.
   T is the smallest integer with (1 + e^eps) c q(T) <= delta; q has a closed form
