@@ -69,8 +69,8 @@ from mechanisms.exact import discrete_laplace, exponential_choice
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Votes
 from mechanisms.noise import (correct_from_flip, discrete_laplace_cdf, discrete_laplace_pmf,
-                              flip_probability, laplace_flip_probability, ptr_draw,
-                              ptr_release_probability, ptr_threshold, threshold_draw)
+                              flip_probability, laplace_flip_probability, laplace_scale_up,
+                              ptr_draw, ptr_release_probability, ptr_threshold, threshold_draw)
 from mechanisms.smooth import SmoothSensitivity, smooth_note
 from mechanisms.votes import (RADIUS_RULES, aggregate, counts_of, ensemble_radius,
                               flips_needed, ptr_distance, vote_counts)
@@ -357,14 +357,15 @@ class EnsemblePTRWithGS(Mechanism):
     def _draw(self, inputs: Votes, rng):
         answer = aggregate(inputs.votes, inputs.n_classes)
         labels = self._ptr._draw(inputs, rng)
-        fallback = threshold_draw(answer, 2.0 / self.epsilon, "laplace", rng)
+        fallback = threshold_draw(answer, laplace_scale_up(2.0, self.epsilon), "laplace", rng)
         return np.where(labels >= 0, labels, fallback)
 
     def _correct(self, inputs: Votes, y):
         answer = aggregate(inputs.votes, inputs.n_classes)
         passed = ptr_release_probability(self._ptr.distance(inputs), self.epsilon / 2.0,
                                          self.delta)
-        fallback = correct_from_flip(answer, y, laplace_flip_probability(2.0 / self.epsilon))
+        fallback = correct_from_flip(answer, y,
+                                     laplace_flip_probability(laplace_scale_up(2.0, self.epsilon)))
         return np.where(answer == y, passed, 0.0) + (1.0 - passed) * fallback
 
 
@@ -393,9 +394,20 @@ def df_draw(counts: ArrayLike, beta: float, rng: np.random.Generator) -> NDArray
 
 
 def df_zcdp_beta(epsilon: float, delta: float, n_queries: int) -> float:
-    """beta of a df-exp-zcdp session of B queries at (eps, delta) (module docstring)."""
-    root = math.sqrt(math.log(1.0 / delta) + epsilon) - math.sqrt(math.log(1.0 / delta))
-    return max(math.sqrt(2.0 / n_queries) * root, epsilon / (2.0 * n_queries))
+    """beta of a df-exp-zcdp session of B queries at (eps, delta) (module docstring), rounded
+    down: sqrt(L + eps) - sqrt(L) = eps / (sqrt(L + eps) + sqrt(L)), L = ln(1/delta), without
+    the cancellation of the difference (which put rho + 2 sqrt(rho L) above eps by up to
+    1.5e-7 relative at eps = 1e-6, an adversarial review found), then lowered by 1e-12
+    relative, far more than the few roundings left; the pure value eps / (2B) is rounded
+    down exactly."""
+    log_inv_delta = -math.log(delta)
+    root = epsilon / (math.sqrt(log_inv_delta + epsilon) + math.sqrt(log_inv_delta))
+    zcdp = math.sqrt(2.0 / n_queries) * root * (1.0 - 1e-12)
+    exact_pure = Fraction(float(epsilon)) / (2 * int(n_queries))
+    pure = float(exact_pure)
+    if Fraction(pure) > exact_pure:
+        pure = math.nextafter(pure, 0.0)
+    return max(zcdp, pure)
 
 
 @dataclass(frozen=True)

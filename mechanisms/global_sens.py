@@ -19,7 +19,8 @@ from mechanisms.base import Mechanism, register
 from mechanisms.checks import check_epsilon, privacy_problems
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified
-from mechanisms.noise import correct_from_flip, laplace_flip_probability, threshold_draw
+from mechanisms.noise import (correct_from_flip, laplace_flip_probability, laplace_scale_up,
+                              threshold_draw)
 
 
 def flip_probability_gs(epsilon: float) -> float:
@@ -27,7 +28,7 @@ def flip_probability_gs(epsilon: float) -> float:
     problems = privacy_problems()
     check_epsilon(epsilon, problems)
     problems.raise_if_any()
-    return float(laplace_flip_probability(1.0 / epsilon))
+    return float(laplace_flip_probability(laplace_scale_up(1.0, epsilon)))
 
 
 @register("gs", inputs=Certified, needs_delta=False,
@@ -60,7 +61,8 @@ class GlobalSensitivity(Mechanism):
                          f"per query (Dwork-Roth Thm 3.6)")
 
     def _draw(self, inputs: Certified, rng: np.random.Generator):
-        return threshold_draw(inputs.prediction, 1.0 / self.epsilon, "laplace", rng)
+        return threshold_draw(inputs.prediction, laplace_scale_up(1.0, self.epsilon), "laplace",
+                              rng)
 
     def _correct(self, inputs: Certified, y):
         return correct_from_flip(inputs.prediction, y, flip_probability_gs(self.epsilon))

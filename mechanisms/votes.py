@@ -160,6 +160,11 @@ def ensemble_radius(teacher_predictions: ArrayLike, teacher_radii: ArrayLike,
         raise DataError(f"radius rule must be one of {RADIUS_RULES}, got {rule!r}")
     if radii is None:
         raise DataError("ensemble_radius needs teacher radii")
+    # Sums of T + 1 radii must stay exact in float64 and int64: an adversarial review found
+    # radii near 2**53 rounding (a one-record change moved the tight radius by 4), wrapping
+    # int64 and overflowing the float-to-int cast. min(r, cap) keeps each teacher's radius
+    # 1-Lipschitz under its neighbours and never claims more than r, so both proofs hold.
+    radii = np.minimum(radii, 2**52 // (votes.shape[1] + 1))
     if rule == "tight":
         return _min_cost_radius(votes, radii, c)
     if c > 2:

@@ -521,3 +521,39 @@ def test_bad_inputs_raise_typed_errors():
         make_mechanism("ens-ss-cauchy", 1.0, radius_rule="sum-all")
     with pytest.raises(DataError, match="Votes"):
         make_mechanism("lnmax", 1.0).check(object())
+
+
+def test_ensemble_radius_stays_exact_and_lipschitz_at_huge_teacher_radii():
+    """An adversarial review found teacher radii near 2**53 (which the checks accept)
+    rounding in the float sums (a one-record change moved the tight radius by 4), wrapping
+    int64 (thm5.3, T = 2049) and overflowing the float-to-int cast (tight, T = 2048). The
+    radii are clipped to 2**52 // (T + 1) first: one teacher's radius + 1 moves the ensemble
+    radius by at most 1, and no radius comes out negative."""
+    for t, rule in ((5, "tight"), (5, "thm5.3"), (2048, "tight"), (2049, "thm5.3")):
+        votes = np.ones((1, t), dtype=np.int64)
+        votes[0, : t // 3] = 0
+        for base in (2**53 - 10, 2**52, 2**40):
+            radii = np.full((1, t), base, dtype=np.int64)
+            moved = radii.copy()
+            moved[0, -1] -= 1
+            r, r2 = (int(me.ensemble_radius(votes, x, rule)[0]) for x in (radii, moved))
+            assert 0 <= r <= 2**53 and 0 <= r2 <= 2**53 and abs(r - r2) <= 1
+
+
+def test_df_zcdp_beta_meets_its_guarantee_exactly():
+    """beta is rounded down: for every returned beta either the zCDP conversion
+    rho + 2 sqrt(rho ln(1/delta)) <= eps (rho = B beta^2 / 2) or the pure bound 2 beta B <= eps
+    holds exactly (an adversarial review found both exceeded by the float formulas)."""
+    import mpmath
+
+    rng = np.random.default_rng(3)
+    with mpmath.workdps(60):
+        for _ in range(400):
+            eps = float(10 ** rng.uniform(-6, 1))
+            delta = float(10 ** rng.uniform(-300, -2))
+            queries = int(10 ** rng.uniform(0, 5))
+            beta = me.df_zcdp_beta(eps, delta, queries)
+            b = mpmath.mpf(beta)
+            rho = queries * b * b / 2
+            zcdp = rho + 2 * mpmath.sqrt(rho * -mpmath.log(mpmath.mpf(delta)))
+            assert zcdp <= mpmath.mpf(eps) or Fraction(beta) * 2 * queries <= Fraction(eps)

@@ -355,3 +355,32 @@ def test_secure_generators_differ_and_seeded_ones_reproduce():
     np.testing.assert_array_equal(a, b)
     x, y = make_generator(None).random(8), make_generator(None).random(8)
     assert not np.array_equal(x, y)
+
+
+def test_gs_scales_are_rounded_up():
+    """A Laplace scale rounded down breaks eps-DP at tiny eps (the slack (e^(eps/2) - 1)^2 is
+    below one rounding of 1/eps): the scales are the floats at or above sensitivity / eps."""
+    from fractions import Fraction
+
+    from mechanisms.noise import laplace_scale_up
+
+    rng = np.random.default_rng(4)
+    for eps in np.concatenate([10 ** rng.uniform(-17, 3, 2000), [0.1, 0.3, 3.0]]):
+        for sens in (1.0, 2.0):
+            scale = laplace_scale_up(sens, float(eps))
+            assert Fraction(scale) >= Fraction(sens) / Fraction(float(eps))
+            assert Fraction(math.nextafter(scale, 0.0)) < Fraction(sens) / Fraction(float(eps))
+
+
+def test_add_remove_to_replace_one_delta_is_never_recorded_too_small():
+    """(eps, delta) under add-remove is (2 eps, (1 + e^eps) delta) under replace-one; the
+    recorded delta must be at least the exact value (one ulp of padding was not enough)."""
+    import mpmath
+
+    rng = np.random.default_rng(5)
+    with mpmath.workdps(50):
+        for _ in range(3000):
+            eps, delta = float(10 ** rng.uniform(-6, 1.5)), float(10 ** rng.uniform(-15, -1))
+            g = Guarantee(eps, delta, "add-remove", "dp-sgd", "test").in_relation("replace-one")
+            exact = (1 + mpmath.exp(mpmath.mpf(eps))) * mpmath.mpf(delta)
+            assert mpmath.mpf(g.delta) >= exact and g.epsilon == 2 * eps
