@@ -291,7 +291,8 @@ class Context:
 def add_remove_target(epsilon: float, delta: float) -> tuple[float, float]:
     """The add-remove (eps_a, delta_a) whose replace-one conversion is within (eps, delta)."""
     eps_a = epsilon / 2.0
-    delta_a = math.nextafter(delta / (1.0 + math.exp(eps_a)), 0.0)
+    # below the conversion's padding (mechanisms/guarantee.py pads up by 1e-15 and an ulp)
+    delta_a = math.nextafter(delta / (1.0 + math.exp(eps_a)) * (1.0 - 1e-14), 0.0)
     g = Guarantee(eps_a, delta_a, ADD_REMOVE, "dp-sgd").in_relation(RELATION)
     if g.epsilon > epsilon or g.delta > delta:
         raise AssertionError("internal: DP-SGD target does not convert within the budget")

@@ -380,7 +380,7 @@ def test_add_remove_to_replace_one_delta_is_never_recorded_too_small():
     rng = np.random.default_rng(5)
     with mpmath.workdps(50):
         for _ in range(3000):
-            eps, delta = float(10 ** rng.uniform(-6, 1.5)), float(10 ** rng.uniform(-15, -1))
+            eps, delta = float(10 ** rng.uniform(-6, 1)), float(10 ** rng.uniform(-15, -6))
             g = Guarantee(eps, delta, "add-remove", "dp-sgd", "test").in_relation("replace-one")
             exact = (1 + mpmath.exp(mpmath.mpf(eps))) * mpmath.mpf(delta)
             assert mpmath.mpf(g.delta) >= exact and g.epsilon == 2 * eps
