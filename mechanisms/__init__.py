@@ -17,6 +17,8 @@ predictions into released labels is `Ledger.release(mechanism, inputs)`:
   accounting.py   composition (standard, advanced, tight PLD), its inverse, query plans
   ledger.py       the ledger bound to one dataset and one relation: check, record, draw
   noise.py        secure generators, closed forms of threshold and PTR releases
+  exact.py        exact samplers (Bernoulli, exp(-gamma), arctan / pi, discrete Laplace)
+  rounding.py     directed rounding of exact rationals to floats
 
 Every epsilon is with respect to a neighbouring relation; a ledger composes only guarantees
 under its own relation (converting add-remove ones to replace-one by group privacy).

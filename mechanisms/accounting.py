@@ -51,11 +51,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from agt.errors import PrivacyError
 
 from mechanisms.checks import check_count, check_delta, check_epsilon, privacy_problems
+from mechanisms.rounding import float_down as _float_down, float_up as _float_up
+
+if TYPE_CHECKING:      # annotations only: the exact checks import it when they run
+    import mpmath
 
 AccountantName = Literal["standard", "advanced", "best", "tight"]
 ACCOUNTANTS: tuple[str, ...] = ("standard", "advanced", "best", "tight")
@@ -84,18 +88,6 @@ class Composition:
 
 # ---------------------------------------------------------------------------------------------
 # Rounding toward safety.
-
-def _float_up(x: Fraction) -> float:
-    """The smallest float >= x."""
-    f = float(x)
-    return math.nextafter(f, math.inf) if Fraction(f) < x else f
-
-
-def _float_down(x: Fraction) -> float:
-    """The largest float <= x."""
-    f = float(x)
-    return math.nextafter(f, -math.inf) if Fraction(f) > x else f
-
 
 def _pad_up(x: float) -> float:
     """x padded up by a relative 1e-12: float formulas err far less than that."""
@@ -150,23 +142,20 @@ def _tight(groups: Sequence[SpendGroup], slack: float) -> Composition:
         # negative composed masses, and deltas up to 3.8x the target for homogeneous ones)
         # and no closed form checks it, so tight falls back to best there.
         return Composition(math.inf, target, "tight")
-    # Grid: the smallest epsilon in up to 1000 steps, so homogeneous spends are represented
-    # exactly; coarser when needed to keep the support of the composition small.
-    total_eps = math.fsum(c * e for e, _, c in groups)
-    smallest = min(e for e, _, _ in groups)
-    steps = min(_PLD_RESOLUTION, math.floor(smallest * _PLD_POINTS / (2.0 * total_eps)))
-    interval = smallest / steps if steps >= 1 else 2.0 * total_eps / _PLD_POINTS
-    composed, shortfall = None, Fraction(0)
-    for eps, delta, count in groups:
-        up, down, short = _loss_indices(eps, interval)
-        shortfall += short * count
-        one = pld.PrivacyLossDistribution.create_from_rounded_probability(
-            {up: (1.0 - delta) / (1.0 + math.exp(-eps)),
-             down: (1.0 - delta) / (1.0 + math.exp(eps))},
-            infinity_mass=delta, value_discretization_interval=interval,
-            pessimistic_estimate=True)
-        part = one.self_compose(count) if count > 1 else one
-        composed = part if composed is None else composed.compose(part)
+    # Grid: the epsilon in up to 1000 steps, so the spends are represented exactly; coarser
+    # when needed to keep the support of the composition small.
+    eps, delta, count = groups[0]
+    total_eps = count * eps
+    steps = min(_PLD_RESOLUTION, math.floor(eps * _PLD_POINTS / (2.0 * total_eps)))
+    interval = eps / steps if steps >= 1 else 2.0 * total_eps / _PLD_POINTS
+    up, down, short = _loss_indices(eps, interval)
+    shortfall = short * count
+    one = pld.PrivacyLossDistribution.create_from_rounded_probability(
+        {up: (1.0 - delta) / (1.0 + math.exp(-eps)),
+         down: (1.0 - delta) / (1.0 + math.exp(eps))},
+        infinity_mass=delta, value_discretization_interval=interval,
+        pessimistic_estimate=True)
+    composed = one.self_compose(count) if count > 1 else one
     # Evaluate at a slightly smaller delta (relative 1e-6, absolute 1e-14) and pad epsilon up;
     # that margin alone is not enough (the review above), so `_kov_certified` checks the
     # answer exactly and raises it where needed.

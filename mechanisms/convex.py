@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,6 +49,9 @@ from mechanisms.base import Mechanism, register
 from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Source, check_query_ids
+
+if TYPE_CHECKING:      # annotations only: the exact checks import it when they run
+    import mpmath
 
 __all__ = ["LinearModel", "analytic_gaussian_sigma", "gaussian_delta", "sample_norm_noise"]
 

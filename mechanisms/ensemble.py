@@ -71,6 +71,7 @@ from mechanisms.inputs import Votes
 from mechanisms.noise import (correct_from_flip, discrete_laplace_cdf, discrete_laplace_pmf,
                               flip_probability, laplace_flip_probability, laplace_scale_up,
                               ptr_draw, ptr_release_probability, ptr_threshold, threshold_draw)
+from mechanisms.rounding import float_down
 from mechanisms.smooth import SmoothSensitivity, smooth_note
 from mechanisms.votes import (RADIUS_RULES, aggregate, counts_of, ensemble_radius,
                               flips_needed, ptr_distance, vote_counts)
@@ -403,11 +404,7 @@ def df_zcdp_beta(epsilon: float, delta: float, n_queries: int) -> float:
     log_inv_delta = -math.log(delta)
     root = epsilon / (math.sqrt(log_inv_delta + epsilon) + math.sqrt(log_inv_delta))
     zcdp = math.sqrt(2.0 / n_queries) * root * (1.0 - 1e-12)
-    exact_pure = Fraction(float(epsilon)) / (2 * int(n_queries))
-    pure = float(exact_pure)
-    if Fraction(pure) > exact_pure:
-        pure = math.nextafter(pure, 0.0)
-    return max(zcdp, pure)
+    return max(zcdp, float_down(Fraction(float(epsilon)) / (2 * int(n_queries))))
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified, Votes
 from mechanisms.noise import (discrete_laplace_cdf, discrete_laplace_pmf, ptr_draw,
                               ptr_release_probability, ptr_threshold)
+from mechanisms.rounding import float_down
 from mechanisms.votes import aggregate, ensemble_radius
 
 FALLBACKS = ("refuse", "exp-radius")
@@ -344,9 +345,8 @@ class SparseVectorGate(Mechanism):
         so that the gate and c fallbacks spend at most eps exactly."""
         if self.fallback == "refuse":
             return 0.0
-        exact = (Fraction(float(self.epsilon)) - Fraction(float(self.eps_gate))) / int(self.cutoff)
-        value = float(exact)
-        return math.nextafter(value, 0.0) if Fraction(value) > exact else value
+        return float_down((Fraction(float(self.epsilon)) - Fraction(float(self.eps_gate)))
+                          / int(self.cutoff))
 
     @property
     def threshold(self) -> int:

@@ -17,6 +17,17 @@ CONV = [{"conv2d": {"in": 1, "out": 3, "kernel": 3, "stride": 1}}, {"relu": {}},
         {"linear": {"in": 3 * 4 * 4, "out": 2}}]
 
 
+class IntegersOnly:
+    """A random generator that offers exactly uniform integers and nothing else: a release
+    that draws through it never touches the float grid (rng.random, rng.laplace, ...)."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def integers(self, low, high, size=None):
+        return self.rng.integers(low, high, size=size)
+
+
 def blobs(n: int, seed: int = 0, variant: str = "overlapping") -> Dataset:
     return load_dataset("blobs", {"n_samples": int(n / 0.8) + 1, "seed": seed, "variant": variant})
 

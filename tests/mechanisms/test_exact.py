@@ -21,6 +21,7 @@ from mechanisms.exact import (_BITS, _arctan_over_pi_bounds, bernoulli, bernoull
 from mechanisms.noise import (REFUSED, cauchy_flip_probability, laplace_flip_probability,
                               ptr_draw, ptr_release_probability, threshold_draw)
 from mechanisms.radius import exp_draw, exp_probabilities
+from tests.helpers import IntegersOnly
 
 
 class _Bits:
@@ -33,16 +34,6 @@ class _Bits:
     def integers(self, low, high):
         assert (low, high) == (0, 1 << _BITS)
         return self.value
-
-
-class _IntegersOnly:
-    """A generator that offers exactly uniform integers and nothing else."""
-
-    def __init__(self, seed: int):
-        self.rng = np.random.default_rng(seed)
-
-    def integers(self, low, high, size=None):
-        return self.rng.integers(low, high, size=size)
 
 
 @pytest.mark.parametrize("p", [Fraction(0), Fraction(1), Fraction(5, 16), Fraction(1, 2),
@@ -91,7 +82,7 @@ def test_exp_radius_and_df_exp_draw_from_their_laws_without_floats():
     """Only exact uniform integers are used (a float draw would call rng.random), the
     frequencies match the closed forms, and radii whose weights underflow a float (eps (r +
     1) > 745) still draw, returning the answer as the exact law says they almost surely do."""
-    rng = _IntegersOnly(4)
+    rng = IntegersOnly(4)
     n = 30_000
     answer = np.full(n, 1, dtype=np.int64)
     radius = np.full(n, 1, dtype=np.int64)
@@ -110,7 +101,7 @@ def test_laplace_threshold_and_ptr_draw_from_their_laws_without_floats():
     """The binary Laplace releases (gs, ss-laplace and the ensembles' GS fallback) and PTR
     draw their decisions exactly: only uniform integers are used, and the frequencies match
     `laplace_flip_probability` and `ptr_release_probability`."""
-    rng = _IntegersOnly(5)
+    rng = IntegersOnly(5)
     n = 30_000
     values = np.tile(np.array([0, 1], dtype=np.int64), n // 2)
     got = threshold_draw(values, 0.4, "laplace", rng)
@@ -128,7 +119,7 @@ def test_laplace_threshold_and_ptr_draw_from_their_laws_without_floats():
 
 
 def test_uniform_below_is_uniform_at_any_size():
-    rng = _IntegersOnly(6)
+    rng = IntegersOnly(6)
     assert uniform_below(1, rng) == 0
     n = 30_000
     counts = np.bincount([uniform_below(5, rng) for _ in range(n)], minlength=5)
@@ -145,7 +136,7 @@ def test_uniform_below_is_uniform_at_any_size():
 def test_discrete_laplace_follows_its_law(eps):
     """P(Z = z) = (1 - a) / (1 + a) a^|z|, a = exp(-eps / 2), from exact integers only; the
     rate of a float eps is its exact rational value (eps = 0.05 has a 2^58 denominator)."""
-    rng = _IntegersOnly(7)
+    rng = IntegersOnly(7)
     rate = Fraction(eps) / 2
     n = 30_000
     draws = np.array([discrete_laplace(rate, rng) for _ in range(n)])
@@ -162,7 +153,7 @@ def test_discrete_laplace_follows_its_law(eps):
 def test_lnmax_draws_from_its_law_without_floats():
     """lnmax adds exact integer noise and breaks ties uniformly: the frequencies match the
     closed-form law, including a three-way tie of the counts."""
-    rng = _IntegersOnly(8)
+    rng = IntegersOnly(8)
     n = 20_000
     for row, eps in (([6, 2, 5], 0.8), ([3, 3, 3], 30.0)):
         counts = np.tile(np.array([row]), (n, 1))
@@ -205,7 +196,7 @@ def test_cauchy_threshold_releases_draw_from_their_law_without_floats():
     """Binary Cauchy releases (ss-cauchy, ens-ss-cauchy, ss-argmax for two classes) flip
     with probability arctan(2 s) / pi, drawn exactly from uniform integers; s = 0 never
     flips and s = inf flips half the time."""
-    rng = _IntegersOnly(10)
+    rng = IntegersOnly(10)
     n = 30_000
     values = np.tile(np.array([0, 1], dtype=np.int64), n // 2)
     for scale in (0.05, 0.4, 3.0):

@@ -20,6 +20,7 @@ from mechanisms.noise import discrete_laplace_cdf, discrete_laplace_pmf, make_ge
 from mechanisms.radius import (exp_flip_probability, exp_probabilities,
                                discrete_difference_tail, gated_correct_probability,
                                svt_rates, svt_threshold)
+from tests.helpers import IntegersOnly
 
 SHA = "ab" * 32
 SRC = Source("b", SHA, ("replace-one",), True)
@@ -309,16 +310,9 @@ def test_session_draws_only_exact_integers():
     """The gate's noises are exact discrete Laplace draws: a generator offering only
     uniform integers runs a whole session, fallbacks included (the draw itself; `release`
     insists on a numpy Generator)."""
-    class IntegersOnly:
-        def __init__(self):
-            self.rng = np.random.default_rng(9)
-
-        def integers(self, low, high, size=None):
-            return self.rng.integers(low, high, size=size)
-
     mech = make_mechanism("svt", 3.0, 1e-5, cutoff=3)
     radius = np.array([10**6, -1, 10**6, -1, 3, 10**6, -1, -1])
-    labels = mech._draw(certified(np.ones(8, int), radius, 3), IntegersOnly())
+    labels = mech._draw(certified(np.ones(8, int), radius, 3), IntegersOnly(9))
     assert labels[0] == 1 and labels[2] == 1 and (labels[-2:] == -1).all()
 
 
