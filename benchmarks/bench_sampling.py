@@ -3,7 +3,8 @@
 Per release of Q queries, measured in one run, each timing repeated (minimum and spread
 reported): lnmax on C-class vote counts (exact discrete Laplace + random tie-break vs numpy's
 float Laplace argmax), a binary Cauchy release (exact Bernoulli(arctan(2 s) / pi) vs a
-float Cauchy draw), and a sparse-vector session. Ratios are exact / float in the same run.
+float Cauchy draw), ss-argmax for C classes (exact lazily realised Cauchy argmax vs
+numpy's float Cauchy argmax), and a sparse-vector session. Ratios are exact / float in the same run.
 
     python benchmarks/bench_sampling.py [--queries 2000] [--repeats 5]
 """
@@ -65,6 +66,22 @@ def main() -> None:
                      timed(float_cauchy, reps)))
 
     source = Source("bench", "ab" * 32, ("replace-one",), True)
+    for classes, radius in ((3, 4), (10, 4), (10, 60)):
+        argmax = make_mechanism("ss-argmax", 1.0)
+        labels = rng.integers(0, classes, size=q)
+        certified = Certified(labels, np.full(q, radius), classes, source)
+        scale = argmax.scale(certified.radius, classes)
+
+        def float_argmax():     # the float draw ss-argmax used before 0.3.4
+            f = np.zeros((q, classes - 1))
+            has = labels >= 1
+            f[np.flatnonzero(has), labels[has] - 1] = 1.0
+            z = rng.standard_cauchy(size=(q, classes - 1))
+            np.concatenate([np.full((q, 1), 0.5), f + scale[:, None] * z], axis=1).argmax(axis=1)
+
+        rows.append((f"ss-argmax C={classes} r={radius}",
+                     timed(lambda: argmax._draw(certified, rng), reps), timed(float_argmax, reps)))
+
     inputs = Certified(values, rng.integers(-1, 40, size=q), 2, source)
     svt = make_mechanism("svt", 1.0, 1e-5, cutoff=q)
     rows.append((f"svt session (cutoff {q})", timed(lambda: svt.release(inputs, rng), reps),

@@ -1,6 +1,6 @@
 """Exact samplers for the releases (exp-radius, ens-exp-radius, df-exp, lnmax, the sparse
-vector; through mechanisms/noise.py also the binary Laplace and Cauchy threshold releases
-and PTR).
+vector, ss-argmax; through mechanisms/noise.py also the binary Laplace and Cauchy threshold
+releases and PTR).
 
 Why. A float sampler realises another distribution than the one the proof is about:
 ``rng.random()`` returns multiples of 2^-53, so ``rng.random() < p`` happens with
@@ -35,6 +35,13 @@ went over e^eps the same way. The samplers below draw from the exact distributio
   most t_N y / (1 - y) = t_N x^2; arguments are first reduced below 3/7
   (`_arctan_over_pi_bounds`), and pi = 16 arctan(1/5) - 4 arctan(1/239) (Machin) comes
   from the same enclosures.
+* `LazyCauchy` and `cauchy_argmax(baseline, centres, s)`: ss-argmax's release for C > 2,
+  argmax(baseline, c_j + s Z_j) with Z_j i.i.d. standard Cauchy. Z_j = G^-1(u_j) for a
+  lazily drawn uniform u_j and G(t) = 1/2 + arctan(t) / pi, so Z_j > t iff u_j > G(t),
+  decided as above from enclosures of G(t); the same u_j answers every question about
+  Z_j. The argmax is found by comparing the scores with the baseline and then bisecting the
+  contested range at rational points until one score is left (`cauchy_argmax`). No tan is
+  evaluated and no float is drawn: the answer is the exact argmax of the realised scores.
 * `uniform_below(m)`: an integer uniform on {0, ..., m - 1} for any m >= 1, by rejection
   from the generator's 62-bit integers (Python integers: m may exceed 2^63).
 * `discrete_laplace(rate)`: Z on the integers with P(Z = z) proportional to
@@ -51,15 +58,17 @@ mechanisms/noise.py draws the binary Laplace threshold releases and the PTR test
 `bernoulli` and `bernoulli_exp` too (their outcomes have closed-form laws), and lnmax
 (mechanisms/ensemble.py) adds `discrete_laplace` noise to its integer vote counts; the
 binary Cauchy releases draw their flips through `bernoulli_arctan_over_pi`, and the sparse
-vector adds `discrete_laplace` noise to the integer radii. ss-argmax's Cauchy noises for more than two
-classes and the convex mechanisms' Gaussian noises are still drawn in floating point;
-README "What is private and what is not" states what that leaves.
+vector adds `discrete_laplace` noise to the integer radii; ss-argmax for more than two
+classes draws through `cauchy_argmax`. The convex and loss-perturbation mechanisms' Gaussian
+noises are still drawn in floating point; README "What is private and what is not" states
+what that leaves.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 from functools import lru_cache
+from typing import Callable
 
 import numpy as np
 
@@ -212,21 +221,114 @@ def _arctan_over_pi_bounds(x: Fraction, precision: int) -> tuple[Fraction, Fract
     return (offset + low, offset + high) if sign > 0 else (offset - high, offset - low)
 
 
+class LazyUniform:
+    """A uniform u in [0, 1) whose binary digits are drawn on demand and kept, so that one
+    u can be compared with several numbers (a lazily realised Cauchy variate below)."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+        self.value, self.digits = 0, 0          # u in [value / 2^digits, (value + 1) / 2^digits)
+
+    def below(self, bounds: Callable[[int], tuple[Fraction, Fraction]]) -> bool:
+        """Whether u < p, for p given by enclosures bounds(precision) = (lo, hi) with
+        lo <= p <= hi and hi - lo -> 0 as precision grows: u's digits and p's enclosures are
+        refined together until u's interval lies on one side of [lo, hi]. Exact whenever
+        u != p, an event of probability 0 (an irrational p never ends; a dyadic one is decided
+        once u has its digits)."""
+        precision = 64
+        while True:
+            lo, hi = bounds(precision)
+            while self.digits < precision:
+                self.value = (self.value << _BITS) | int(self.rng.integers(0, 1 << _BITS))
+                self.digits += _BITS
+            if Fraction(self.value + 1, 1 << self.digits) <= lo:
+                return True
+            if Fraction(self.value, 1 << self.digits) >= hi:
+                return False
+            precision *= 2
+
+
 def bernoulli_arctan_over_pi(x: Fraction, rng: np.random.Generator) -> bool:
     """True with probability exactly arctan(x) / pi, x >= 0 rational (module docstring)."""
     if x < 0:
         raise ValueError(f"bernoulli_arctan_over_pi needs x >= 0, got {x}")
     if x == 0:
         return False
-    u, digits = 0, 0                            # u in [u / 2^digits, (u + 1) / 2^digits)
-    precision = 64
-    while True:
-        lo, hi = _arctan_over_pi_bounds(x, precision)
-        while digits < precision:
-            u = (u << _BITS) | int(rng.integers(0, 1 << _BITS))
-            digits += _BITS
-        if Fraction(u + 1, 1 << digits) <= lo:
+    return LazyUniform(rng).below(lambda precision: _arctan_over_pi_bounds(x, precision))
+
+
+def _cauchy_cdf_bounds(t: Fraction, precision: int) -> tuple[Fraction, Fraction]:
+    """lo <= G(t) <= hi for the standard Cauchy distribution function
+    G(t) = 1/2 + arctan(t) / pi (odd arctan: G(-t) = 1 - G(t))."""
+    lo, hi = _arctan_over_pi_bounds(abs(t), precision)
+    half = Fraction(1, 2)
+    return (half + lo, half + hi) if t >= 0 else (half - hi, half - lo)
+
+
+class LazyCauchy:
+    """A standard Cauchy variate Z = G^-1(u), u a `LazyUniform`, known only through the
+    comparisons asked of it: Z > t iff u > G(t) (G is continuous and strictly increasing),
+    decided exactly by `LazyUniform.below` on enclosures of G(t). Each answer narrows the
+    open interval (lo, hi) that Z is known to lie in (None: unbounded); the digits drawn so
+    far are kept, so every answer is about the same Z."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.uniform = LazyUniform(rng)
+        self.lo: Fraction | None = None
+        self.hi: Fraction | None = None
+
+    def above(self, t: Fraction) -> bool:
+        """Whether Z > t (Z = t has probability 0)."""
+        if self.lo is not None and t <= self.lo:
             return True
-        if Fraction(u, 1 << digits) >= hi:
+        if self.hi is not None and t >= self.hi:
             return False
-        precision *= 2
+        if self.uniform.below(lambda precision: _cauchy_cdf_bounds(t, precision)):
+            self.hi = t
+            return False
+        self.lo = t
+        return True
+
+
+def cauchy_argmax(baseline: Fraction, centres: list[Fraction], scale: Fraction,
+                  rng: np.random.Generator) -> int:
+    """argmax(baseline, centres[0] + scale Z_1, ..., centres[m-1] + scale Z_m) for i.i.d.
+    standard Cauchy Z_j and scale > 0, exactly: 0 for the baseline, j for the j-th noisy
+    score. The noises are `LazyCauchy` variates, and only comparisons with rational points
+    are asked of them, so the answer is the exact argmax of the realised scores (ties have
+    probability 0) and its law is exactly the continuous one.
+
+    First every score is compared with the baseline; of those above it, scores whose
+    interval lies below the largest lower end L are out (they are below another score),
+    and the rest are compared with a point x in the contested range: (L + H) / 2 when the
+    largest upper end H is finite, else L + scale 2^i at the i-th unbounded round. Each
+    comparison with x leaves every interval on one side of x, so the contested range halves
+    (or, unbounded, its lower end moves up geometrically) until one score is left; that
+    happens with probability 1 since the two largest scores differ almost surely."""
+    return _argmax_of(baseline, centres, scale, [LazyCauchy(rng) for _ in centres])
+
+
+def _argmax_of(baseline: Fraction, centres: list[Fraction], scale: Fraction,
+               noises: list[LazyCauchy]) -> int:
+    """`cauchy_argmax` with the noises given (tests give each its own digits)."""
+    if scale <= 0:
+        raise ValueError(f"cauchy_argmax needs scale > 0, got {scale}")
+    alive = [j for j, centre in enumerate(centres) if noises[j].above((baseline - centre) / scale)]
+    unbounded_rounds = 0
+    while len(alive) > 1:
+        low = {j: centres[j] + scale * noises[j].lo for j in alive}      # lo set: above baseline
+        high = {j: None if noises[j].hi is None else centres[j] + scale * noises[j].hi
+                for j in alive}
+        largest_low = max(low.values())
+        alive = [j for j in alive if high[j] is None or high[j] > largest_low]
+        if len(alive) == 1:
+            break
+        if any(high[j] is None for j in alive):
+            x = largest_low + scale * (1 << unbounded_rounds)
+            unbounded_rounds += 1
+        else:
+            x = (largest_low + max(high[j] for j in alive)) / 2
+        above = [j for j in alive if noises[j].above((x - centres[j]) / scale)]
+        if above:
+            alive = above
+    return 0 if not alive else alive[0] + 1

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import partial
 
 import numpy as np
@@ -35,6 +36,7 @@ from numpy.typing import ArrayLike, NDArray
 from mechanisms.base import Mechanism, register
 from mechanisms.checks import (check_delta, check_epsilon, check_params, privacy_problems,
                                radius_array)
+from mechanisms.exact import cauchy_argmax
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified
 from mechanisms.noise import NOISE_KINDS, NoiseKind, correct_from_flip, flip_probability, \
@@ -205,8 +207,10 @@ class SmoothArgmax(Mechanism):
 
     P(release = y) is exact up to 200-point Gauss-Legendre quadrature after the substitution
     z = tan(theta), which maps the Cauchy density to the uniform one on (-pi/2, pi/2).
-    Sampling: C = 2 draws the binary release's exact law; for C > 2 the Cauchy noises are
-    float draws (README, "Sampling").
+    Sampling: C = 2 draws the binary release's exact law; for C > 2 the argmax is decided
+    exactly from lazily realised Cauchy noises (`mechanisms.exact.cauchy_argmax`: each Z_j is
+    only compared with rational points, through rigorous enclosures of its distribution
+    function), so the released label has exactly the continuous law above (since 0.3.4).
     """
 
     epsilon: float
@@ -227,7 +231,8 @@ class SmoothArgmax(Mechanism):
 
     def scale(self, radius: NDArray[np.int64], n_classes: int) -> NDArray[np.float64]:
         local = 1.0 if n_classes == 2 else 2.0
-        return 6.0 * local * smooth_bound(radius, self.beta(n_classes)) / self.epsilon
+        with np.errstate(over="ignore"):     # eps below ~1e-307: inf, drawn as the limit law
+            return 6.0 * local * smooth_bound(radius, self.beta(n_classes)) / self.epsilon
 
     def guarantee(self, relation: str) -> Guarantee:
         return Guarantee(float(self.epsilon), 0.0, relation, self.name,
@@ -240,12 +245,20 @@ class SmoothArgmax(Mechanism):
         s = self.scale(inputs.radius, c)
         if c == 2:          # the binary release, drawn from its exact law
             return threshold_draw(inputs.prediction, s, "cauchy", rng)
-        f = np.zeros((q, c - 1))
-        has = inputs.prediction >= 1
-        f[np.flatnonzero(has), inputs.prediction[has] - 1] = 1.0
-        z = rng.standard_cauchy(size=(q, c - 1))
-        scores = np.concatenate([np.full((q, 1), 0.5), f + np.where(s[:, None] > 0, s[:, None] * z, 0.0)], axis=1)
-        return scores.argmax(axis=1)
+        # c > 2: the exact argmax of (1/2, f_j + s Z_j) from lazily realised Cauchy noises
+        half, one, zero = Fraction(1, 2), Fraction(1), Fraction(0)
+        out = np.empty(q, dtype=np.int64)
+        if np.isnan(s).any() or (s < 0).any():      # fail closed: never "no noise" by accident
+            raise ValueError("ss-argmax needs noise scales >= 0, got NaN or < 0")
+        for i, (pred, scale) in enumerate(zip(inputs.prediction.tolist(), s.tolist())):
+            if scale == 0.0:                 # no noise (not reached: S >= exp(-600) > 0)
+                out[i] = pred
+            elif math.isinf(scale):          # eps so small that 12 / eps overflows: the
+                out[i] = cauchy_argmax(zero, [zero] * (c - 1), one, rng)   # limit argmax(0, Z_j)
+            else:
+                centres = [one if pred == j else zero for j in range(1, c)]
+                out[i] = cauchy_argmax(half, centres, Fraction(scale), rng)
+        return out
 
     def probabilities(self, inputs: Certified) -> NDArray[np.float64]:
         """(Q, C) exact release probabilities (module quadrature)."""
@@ -265,11 +278,12 @@ class SmoothArgmax(Mechanism):
             # z_k = tan(theta) above the point where f_k + s z_k = 1/2
             t0 = np.arctan((0.5 - fk) / s)
             theta = t0[:, None] + (math.pi / 2 - t0[:, None]) * (_GL_NODES[None, :] + 1) / 2
-            value = fk[:, None] + s[:, None] * np.tan(theta)            # the class-k score
+            # the class-k score over s (in this form s = inf, the limit, gives no inf / inf)
+            value = (fk / s)[:, None] + np.tan(theta)
             others_zero = np.where(pred >= 1, np.where(pred == k, c - 2, c - 3), c - 2)
-            prob = cdf(value / s[:, None]) ** others_zero[:, None]
+            prob = cdf(value) ** others_zero[:, None]
             other_c = (pred >= 1) & (pred != k)
-            prob = prob * np.where(other_c[:, None], cdf((value - 1.0) / s[:, None]), 1.0)
+            prob = prob * np.where(other_c[:, None], cdf(value - (1.0 / s)[:, None]), 1.0)
             out[:, k] = (prob * _GL_WEIGHTS[None, :]).sum(axis=1) * (math.pi / 2 - t0) / 2 / math.pi
         return np.clip(out, 0.0, 1.0)
 

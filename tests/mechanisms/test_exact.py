@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from mechanisms.ensemble import df_draw, df_probabilities, lnmax_draw, lnmax_probabilities
-from mechanisms.exact import (_BITS, _arctan_over_pi_bounds, bernoulli, bernoulli_arctan_over_pi,
-                              bernoulli_exp, discrete_laplace, exponential_choice,
-                              uniform_below)
+from mechanisms.exact import (_BITS, LazyCauchy, _arctan_over_pi_bounds, _argmax_of, bernoulli,
+                              bernoulli_arctan_over_pi, bernoulli_exp, cauchy_argmax,
+                              discrete_laplace, exponential_choice, uniform_below)
 from mechanisms.noise import (REFUSED, cauchy_flip_probability, laplace_flip_probability,
                               ptr_draw, ptr_release_probability, threshold_draw)
 from mechanisms.radius import exp_draw, exp_probabilities
@@ -215,3 +215,112 @@ def test_cauchy_threshold_releases_draw_from_their_law_without_floats():
                 threshold_draw(values[:2], bad, noise, rng)
     with pytest.raises(ValueError):
         bernoulli_arctan_over_pi(Fraction(-1), rng)
+
+
+# -- lazily realised Cauchy noises (ss-argmax for more than two classes) -----------------------
+
+_WORD_MAX = (1 << _BITS) - 1
+
+
+class _Word:
+    """A generator whose every draw is the same 62-bit word w: the lazily drawn uniform is
+    then u = w / (2^62 - 1) exactly (the word's binary digits repeated forever)."""
+
+    def __init__(self, word: int):
+        self.word = word
+
+    def integers(self, low, high):
+        assert (low, high) == (0, 1 << _BITS)
+        return self.word
+
+
+def _cauchy_of(word: int) -> mpmath.mpf:
+    """The standard Cauchy variate G^-1(u) = tan(pi (u - 1/2)) of u = w / (2^62 - 1)."""
+    return mpmath.tan(mpmath.pi * (mpmath.mpf(word) / _WORD_MAX - mpmath.mpf(1) / 2))
+
+
+def _word_of(z: mpmath.mpf) -> int:
+    """The word whose variate is nearest z (kept off u = 0 and u = 1)."""
+    word = int(mpmath.nint((mpmath.mpf(1) / 2 + mpmath.atan(z) / mpmath.pi) * _WORD_MAX))
+    return min(max(word, 2), _WORD_MAX - 2)
+
+
+def _fraction(x: mpmath.mpf) -> Fraction:
+    x = mpmath.mpf(x)
+    if x == 0:
+        return Fraction(0)
+    mantissa, exponent = x.man_exp                       # |x| = mantissa 2^exponent
+    return int(mpmath.sign(x)) * Fraction(int(mantissa)) * Fraction(2) ** int(exponent)
+
+
+def test_lazy_cauchy_answers_every_question_about_one_variate():
+    """A LazyCauchy asked Z > t for many t (far, near to 1e-30 relative, in any order) answers
+    as the one variate its digits define, and its interval always contains that variate."""
+    rng = np.random.default_rng(5)
+    with mpmath.workdps(80):
+        words = [int(w) for w in rng.integers(1, _WORD_MAX, size=40)] + [1, 2, _WORD_MAX - 1]
+        for word in words:
+            z = _cauchy_of(word)
+            noise = LazyCauchy(_Word(word))
+            points = [z * (1 + mpmath.mpf(d)) + d for d in (1e-30, -1e-30, 1e-15, -1e-15, 1e-3, -1e-3, 1, -1)]
+            points += [mpmath.mpf(0), mpmath.mpf(10) ** 300, -mpmath.mpf(10) ** 300]
+            for i in rng.permutation(len(points)):
+                t = _fraction(points[i])
+                assert noise.above(t) == (z > mpmath.mpf(t.numerator) / t.denominator)
+                if noise.lo is not None:
+                    assert mpmath.mpf(noise.lo.numerator) / noise.lo.denominator < z
+                if noise.hi is not None:
+                    assert z < mpmath.mpf(noise.hi.numerator) / noise.hi.denominator
+
+
+@pytest.mark.parametrize("scale", [1e-250, 1e-6, 0.3, 12.0, 1e200])
+def test_cauchy_argmax_is_the_exact_argmax_of_the_realised_scores(scale):
+    """With every noise's digits known, the answer is the argmax of (1/2, f_j + s Z_j)
+    computed in 80-digit arithmetic: on random digits and on constructed near-ties (two
+    scores within 1e-15 of each other, a score next to the baseline)."""
+    rng = np.random.default_rng(6)
+    s = Fraction(scale)
+    half = Fraction(1, 2)
+    with mpmath.workdps(100 + int(abs(math.log10(scale)))):     # 1 + s Z and s Z apart
+        s_mp = mpmath.mpf(s.numerator) / s.denominator
+        cases = []
+        for _ in range(30):
+            m = int(rng.integers(2, 6))
+            centres = [Fraction(int(c)) for c in rng.integers(0, 2, size=m)]
+            cases.append((centres, [int(w) for w in rng.integers(1, _WORD_MAX, size=m)]))
+        for _ in range(30):                   # near-ties between the two leading scores
+            centres = [Fraction(1), Fraction(0), Fraction(0)]
+            lead = mpmath.mpf(float(rng.uniform(0.6, 50.0))) / s_mp      # score of the 0-class
+            other = (lead * s_mp - 1) / s_mp                              # the 1-class, as close
+            words = [_word_of(other), _word_of(lead), int(rng.integers(1, _WORD_MAX))]
+            cases.append((centres, words))
+            cases.append(([Fraction(0)] * 3, [words[1], words[1] + 1, words[1] - 1]))
+            cases.append(([Fraction(0), Fraction(1)],                     # beside the baseline
+                          [_word_of(mpmath.mpf(1) / 2 / s_mp), _word_of(-mpmath.mpf(1) / 2 / s_mp)]))
+        for centres, words in cases:
+            scores = [mpmath.mpf(1) / 2] + [mpmath.mpf(int(c)) + s_mp * _cauchy_of(w)
+                                            for c, w in zip(centres, words)]
+            best = max(range(len(scores)), key=lambda j: scores[j])
+            assert sorted(scores)[-1] > sorted(scores)[-2]              # no exact tie
+            noises = [LazyCauchy(_Word(w)) for w in words]
+            assert _argmax_of(half, centres, s, noises) == best
+
+
+def test_ss_argmax_draws_from_its_law_without_floats():
+    """ss-argmax for 4 classes, integers only, at a tiny, a moderate and an infinite scale
+    (eps so small that 12 / eps overflows: the limit law argmax(0, Z_j)), against the
+    quadrature law; NaN or negative scales are refused."""
+    from mechanisms import Certified, Source, make_mechanism
+
+    src = Source("t", "ab" * 32, ("replace-one",), True)
+    n = 12_000
+    for eps, radius, pred in ((1.0, 3000, 1), (0.7, 5, 0), (0.7, -1, 3), (1e-320, 0, 2)):
+        mech = make_mechanism("ss-argmax", eps)
+        got = mech._draw(Certified(np.full(n, pred), np.full(n, radius), 4, src),
+                         IntegersOnly(11))
+        p = mech.probabilities(Certified(np.array([pred]), np.array([radius]), 4, src))[0]
+        assert np.isfinite(p).all() and abs(p.sum() - 1) < 1e-9
+        freq = np.bincount(got, minlength=4) / n
+        assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-12), (eps, freq, p)
+    with pytest.raises(ValueError, match="scale"):
+        cauchy_argmax(Fraction(1, 2), [Fraction(0)], Fraction(0), IntegersOnly(0))
