@@ -59,7 +59,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from agt.bounded.network import Network

@@ -85,7 +85,7 @@ from mechanisms.convex import LinearModel
 from mechanisms.loss_perturbation import PerturbedObjective
 from mechanisms.votes import aggregate
 
-from experiments.accuracy import RELATION, expected_accuracy, simulate
+from experiments.accuracy import RELATION, simulate
 from experiments.context import dumps, markdown_table, to_jsonable
 from experiments.plan import PLAN_DIR, build_settings, display_path
 from experiments.plotting import plt, save

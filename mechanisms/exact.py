@@ -241,9 +241,10 @@ class LazyUniform:
             while self.digits < precision:
                 self.value = (self.value << _BITS) | int(self.rng.integers(0, 1 << _BITS))
                 self.digits += _BITS
-            if Fraction(self.value + 1, 1 << self.digits) <= lo:
+            # (value + 1) / 2^digits <= lo and value / 2^digits >= hi, in integers
+            if (self.value + 1) * lo.denominator <= lo.numerator << self.digits:
                 return True
-            if Fraction(self.value, 1 << self.digits) >= hi:
+            if self.value * hi.denominator >= hi.numerator << self.digits:
                 return False
             precision *= 2
 
@@ -257,9 +258,11 @@ def bernoulli_arctan_over_pi(x: Fraction, rng: np.random.Generator) -> bool:
     return LazyUniform(rng).below(lambda precision: _arctan_over_pi_bounds(x, precision))
 
 
+@lru_cache(maxsize=256)
 def _cauchy_cdf_bounds(t: Fraction, precision: int) -> tuple[Fraction, Fraction]:
     """lo <= G(t) <= hi for the standard Cauchy distribution function
-    G(t) = 1/2 + arctan(t) / pi (odd arctan: G(-t) = 1 - G(t))."""
+    G(t) = 1/2 + arctan(t) / pi (odd arctan: G(-t) = 1 - G(t)). Cached: the noises of one
+    argmax with equal centres are asked about the same points."""
     lo, hi = _arctan_over_pi_bounds(abs(t), precision)
     half = Fraction(1, 2)
     return (half + lo, half + hi) if t >= 0 else (half - hi, half - lo)

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from agt.errors import BudgetExceededError, PrivacyError, Problems
+from agt.errors import BudgetExceededError, PrivacyError
 
 from mechanisms.accounting import ACCOUNTANTS, Accountant, Composition, SpendGroup
 from mechanisms.base import Mechanism

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from agt.errors import BudgetExceededError, DataError, PrivacyError
-from mechanisms import Certified, Ledger, Source, Votes, default_ledger_path, make_mechanism
+from mechanisms import Certified, Ledger, Source, default_ledger_path, make_mechanism
 from mechanisms.accounting import per_query_epsilon
 from mechanisms.ledger import hash_query
 
