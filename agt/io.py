@@ -33,20 +33,30 @@ def _temporary(path: Path, directory: bool = False) -> Path:
     return Path(name)
 
 
-def atomic_write(path: str | Path, writer: Callable[[Path], object]) -> Path:
+def atomic_write(path: str | Path, writer: Callable[[Path], object], *,
+                 replace: bool = True) -> Path:
     """Call ``writer(tmp)`` on a fresh temporary file beside `path`, then rename it to `path`.
 
     The temporary name is unique (``.<name>.<random>.partial<suffix>``), ends in the target's
     suffix (numpy and h5py look at it) and is removed if the writer fails or is interrupted.
+    With ``replace=False`` the name is first claimed with O_EXCL, so that of two processes
+    writing the same new path one gets FileExistsError instead of both succeeding and one
+    file silently replacing the other.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
+    claimed = False
     try:
         writer(tmp)
+        if not replace:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            claimed = True
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        if claimed:
+            path.unlink(missing_ok=True)
         raise
     return path
 

@@ -28,12 +28,19 @@ def is_real(x: object) -> bool:
 # normal float range (a review found ss-cauchy's scales subnormal from eps ~ 1e47 and 0 at
 # 1e64, an infinite ratio between neighbouring release laws).
 MAX_EPSILON = 1e6
+# Below this the noise scales (2 / eps, ln(1/delta) / eps, ...) leave the float range: the
+# release would be pure noise, and an audit found such values failing only after the
+# ledger had recorded the spend.
+MIN_EPSILON = 1e-300
 
 
 def check_epsilon(epsilon: object, problems: Problems, name: str = "epsilon") -> None:
-    """epsilon must be a real number in (0, MAX_EPSILON]."""
+    """epsilon must be a real number in [MIN_EPSILON, MAX_EPSILON]."""
     if not is_real(epsilon) or not math.isfinite(epsilon) or epsilon <= 0:
         problems.add(f"{name} must be a finite number > 0, got {epsilon!r}", PrivacyError)
+    elif epsilon < MIN_EPSILON:
+        problems.add(f"{name} must be at least {MIN_EPSILON:g} (smaller values push noise "
+                     f"scales out of the float range), got {epsilon!r}", PrivacyError)
     elif epsilon > MAX_EPSILON:
         problems.add(f"{name} must be at most {MAX_EPSILON:g} (larger values give no privacy "
                      f"and push noise scales out of the float range), got {epsilon!r}",

@@ -202,7 +202,8 @@ class Ledger:
              budget_delta: float | None = None, accountant: str | None = None, *,
              relation: str | None = None, dataset_sha256: str | None = None,
              per_query_epsilon: float | None = None, per_query_delta: float | None = None,
-             delta_prime: float | None = None, timeout: float = 60.0) -> "Ledger":
+             delta_prime: float | None = None, timeout: float = 60.0,
+             _in_memory: bool = False) -> "Ledger":
         """Open the ledger at `path`, creating it if it does not exist (or is empty).
 
         Creating needs budget_epsilon > 0; budget_delta defaults to 0 (pure eps-DP),
@@ -212,6 +213,10 @@ class Ledger:
         another process's transaction.
         """
         path = os.fspath(path)
+        if path in (":memory:", "") and not _in_memory:
+            raise PrivacyError(f"the privacy ledger needs a file (got {path!r}): a ledger in "
+                               f"memory forgets its spends when the process ends "
+                               f"(Ledger.in_memory is for simulations)")
         given = dict(budget_epsilon=budget_epsilon, budget_delta=budget_delta,
                      accountant=accountant, relation=relation, dataset_sha256=dataset_sha256,
                      per_query_epsilon=per_query_epsilon, per_query_delta=per_query_delta,
@@ -265,7 +270,8 @@ class Ledger:
     def in_memory(cls, budget_epsilon: float, budget_delta: float = 0.0,
                   accountant: str | None = None, **kwargs) -> "Ledger":
         """A ledger that lives in memory only (experiments: one per simulated deployment)."""
-        return cls.open(":memory:", budget_epsilon, budget_delta, accountant, **kwargs)
+        return cls.open(":memory:", budget_epsilon, budget_delta, accountant, _in_memory=True,
+                        **kwargs)
 
     def close(self) -> None:
         self._conn.close()
@@ -378,7 +384,20 @@ class Ledger:
             charges = [_Charge(eps_c, delta_c, mechanism.name, inputs.source.source_id,
                                session, seeded, f"{note}; session of {n} queries")]
         self._commit(charges, inputs.source.dataset_sha256)
-        labels = mechanism.release(inputs, rng)
+        try:
+            labels = mechanism.release(inputs, rng)
+        except Exception as exc:
+            # Every parameter and input is checked before the spend (a test drives every
+            # mechanism through extreme parameters); this is the last line. The message names
+            # only the error's type: its text may hold private values.
+            raise PrivacyError(
+                f"{mechanism.name}: drawing the labels failed ({type(exc).__name__}) after the "
+                f"ledger recorded the spend of {n} queries: the budget is spent and nothing was "
+                f"released (please report this)") from exc
+        except BaseException as exc:        # Ctrl-C, SIGTERM: say what the ledger holds
+            exc.add_note("the ledger had recorded the spend: the budget is spent and the "
+                         "labels are lost")
+            raise
         return Release(labels, guarantee, mechanism.name, eps_c, delta_c, seeded,
                        mechanism.per_query)
 
@@ -394,10 +413,10 @@ class Ledger:
             row = conn.execute("SELECT dataset_sha256 FROM ledger_meta").fetchone()
             bound = row[0]
             if bound is not None and bound != dataset_sha256:
-                raise PrivacyError(
-                    f"the ledger {self.path} accounts for dataset {bound[:16]}..., these "
-                    f"inputs come from dataset {dataset_sha256[:16]}...: one ledger per private "
-                    f"dataset (use that dataset's own ledger)")
+                raise PrivacyError(   # no hashes: they identify the private datasets
+                    f"the ledger {self.path} accounts for another dataset than these inputs "
+                    f"come from: one ledger per private dataset (use that dataset's own "
+                    f"ledger)")
             groups: dict[tuple[float, float], int] = {}
             for c in charges:
                 groups[(c.epsilon, c.delta)] = groups.get((c.epsilon, c.delta), 0) + 1

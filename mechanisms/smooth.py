@@ -80,7 +80,8 @@ def smooth_beta(epsilon: float, delta: float | None, noise: NoiseKind) -> float:
     _check_params(epsilon, delta, noise, problems)
     problems.raise_if_any()
     if noise == "laplace":
-        return min(math.log1p(epsilon / (2.0 * math.log(2.0 / delta))), epsilon / 2.0)
+        # ln 2 - ln delta: 2 / delta overflows for delta < 1.1e-308
+        return min(math.log1p(epsilon / (2.0 * (math.log(2.0) - math.log(delta)))), epsilon / 2.0)
     return epsilon / 6.0
 
 
@@ -231,8 +232,7 @@ class SmoothArgmax(Mechanism):
 
     def scale(self, radius: NDArray[np.int64], n_classes: int) -> NDArray[np.float64]:
         local = 1.0 if n_classes == 2 else 2.0
-        with np.errstate(over="ignore"):     # eps below ~1e-307: inf, drawn as the limit law
-            return 6.0 * local * smooth_bound(radius, self.beta(n_classes)) / self.epsilon
+        return 6.0 * local * smooth_bound(radius, self.beta(n_classes)) / self.epsilon
 
     def guarantee(self, relation: str) -> Guarantee:
         return Guarantee(float(self.epsilon), 0.0, relation, self.name,
@@ -246,18 +246,14 @@ class SmoothArgmax(Mechanism):
         if c == 2:          # the binary release, drawn from its exact law
             return threshold_draw(inputs.prediction, s, "cauchy", rng)
         # c > 2: the exact argmax of (1/2, f_j + s Z_j) from lazily realised Cauchy noises
+        # s is finite and > 0 (S >= exp(-600), 1e-300 <= eps <= 1e6); fail closed otherwise
+        if not (np.isfinite(s).all() and (s > 0).all()):
+            raise ValueError("ss-argmax needs finite noise scales > 0")
         half, one, zero = Fraction(1, 2), Fraction(1), Fraction(0)
         out = np.empty(q, dtype=np.int64)
-        if np.isnan(s).any() or (s < 0).any():      # fail closed: never "no noise" by accident
-            raise ValueError("ss-argmax needs noise scales >= 0, got NaN or < 0")
         for i, (pred, scale) in enumerate(zip(inputs.prediction.tolist(), s.tolist())):
-            if scale == 0.0:                 # no noise (not reached: S >= exp(-600) > 0)
-                out[i] = pred
-            elif math.isinf(scale):          # eps so small that 12 / eps overflows: the
-                out[i] = cauchy_argmax(zero, [zero] * (c - 1), one, rng)   # limit argmax(0, Z_j)
-            else:
-                centres = [one if pred == j else zero for j in range(1, c)]
-                out[i] = cauchy_argmax(half, centres, Fraction(scale), rng)
+            centres = [one if pred == j else zero for j in range(1, c)]
+            out[i] = cauchy_argmax(half, centres, Fraction(scale), rng)
         return out
 
     def probabilities(self, inputs: Certified) -> NDArray[np.float64]:

@@ -29,14 +29,32 @@ def open_ledger(path_arg: str | None, dataset_sha256: str, budget_epsilon: float
                        dataset_sha256=dataset_sha256, **fixed)
 
 
-def write_after_spend(out: Path, writer) -> None:
-    """Write a release file after the ledger recorded the spend; a failure now cannot undo
-    the spend, so say so plainly."""
+def write_after_spend(out: Path, writer, overwrite: bool) -> Path:
+    """Write a release file after the ledger recorded the spend and return where it went; a
+    failure now cannot undo the spend, so say so plainly. Without `overwrite`, a file that
+    appeared at `out` since the command's check (another release writing the same name) is
+    kept, and the labels go to ``<stem>-<k><suffix>`` instead of being lost."""
     from agt.io import atomic_write
 
     try:
-        atomic_write(out, writer)
+        try:
+            return atomic_write(out, writer, replace=overwrite)
+        except FileExistsError:
+            for k in range(1, 1000):
+                alternative = out.with_name(f"{out.stem}-{k}{out.suffix}")
+                try:
+                    written = atomic_write(alternative, writer, replace=False)
+                except FileExistsError:
+                    continue
+                print(f"{out} appeared while this release ran (another release?); kept it and "
+                      f"wrote these labels to {written}")
+                return written
+            raise
     except OSError as exc:
         raise ConfigError(f"the release was recorded in the ledger (budget spent) but {out} "
                           f"could not be written ({exc.strerror or exc}); the labels are "
                           f"lost") from None
+    except BaseException as exc:        # Ctrl-C, SIGTERM
+        exc.add_note(f"the release was recorded in the ledger (budget spent) but {out} was "
+                     f"not written: the labels are lost")
+        raise

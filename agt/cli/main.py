@@ -31,6 +31,11 @@ def _on_sigterm(signum, frame):
     raise _Terminated()
 
 
+def _notes(exc: BaseException) -> str:
+    """What the interrupted code added (e.g. that the ledger had recorded a spend)."""
+    return "".join(f"; {note}" for note in getattr(exc, "__notes__", ()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from agt.cli import certify, inspect, predict, reproduce, teacher_labels, train
 
@@ -56,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agt: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
               file=sys.stderr)
         return EXIT_USAGE
-    except _Terminated:
-        print("agt: terminated", file=sys.stderr)
+    except _Terminated as exc:
+        print("agt: terminated" + _notes(exc), file=sys.stderr)
         return 143
-    except KeyboardInterrupt:
-        print("agt: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print("agt: interrupted" + _notes(exc), file=sys.stderr)
         return 130
     except BrokenPipeError:
         # the reader went away (e.g. `| head`): nothing left to say; silence the flush error

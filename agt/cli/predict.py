@@ -80,7 +80,7 @@ def run(args) -> int:
             w.writerow(["index", "label"])
             w.writerows([i, int(v)] for i, v in enumerate(released.labels))
 
-    write_after_spend(out, write)
+    out = write_after_spend(out, write, args.overwrite)
     answered = int((released.labels >= 0).sum())
     print(guarantee_line(released.n_queries, released.mechanism, released.guarantee,
                          " (INSECURE seeded noise)" if released.seeded else "",

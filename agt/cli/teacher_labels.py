@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
     p.add_argument("--per-query-delta", type=unit_float,
                    help="delta of each release of an (eps, delta) mechanism (default "
                         "delta_total / (2 Q); the rest is composition slack)")
-    p.add_argument("--teacher", type=non_negative_int, default=0,
+    p.add_argument("--teacher", type=non_negative_int,
                    help="teacher of an ensemble used by single-model mechanisms (default 0)")
     add_release_options(p, "output labels .npz",
                         "composition of a new ledger (default best, with this plan's per-query "
@@ -67,14 +67,18 @@ def _load_source(args, ensemble_mechanism: bool):
     from agt.store import read_bundle
 
     path = Path(args.ensemble)
+    if ensemble_mechanism and args.teacher is not None:
+        raise ConfigError(f"--teacher applies to single-model mechanisms; {args.mechanism} "
+                          f"uses every teacher")
+    teacher = 0 if args.teacher is None else args.teacher
     if is_ensemble_dir(path) or path.is_dir():
         ens = read_ensemble(path)
         if ensemble_mechanism:
             return ens, None, path
-        if not 0 <= args.teacher < ens.n_teachers:
-            raise ConfigError(f"--teacher {args.teacher} is out of range: the ensemble has "
+        if not 0 <= teacher < ens.n_teachers:
+            raise ConfigError(f"--teacher {teacher} is out of range: the ensemble has "
                               f"{ens.n_teachers} teachers (0..{ens.n_teachers - 1})")
-        return ens, ens.bundles[args.teacher], path
+        return ens, ens.bundles[teacher], path
     if ensemble_mechanism:
         if not path.exists():
             raise ConfigError(f"ensemble not found: {path}")
@@ -180,7 +184,7 @@ def run(args) -> int:
         with open(p, "wb") as fh:
             np.savez(fh, **arrays)
 
-    write_after_spend(out, write)
+    out = write_after_spend(out, write, args.overwrite)
     print(guarantee_line(q, released.mechanism, g, f" from {n_teachers} teacher(s)"
                          + (" (INSECURE seeded noise)" if released.seeded else ""),
                          released.per_query))

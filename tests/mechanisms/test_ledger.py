@@ -427,3 +427,97 @@ def test_a_spend_waits_for_another_process_holding_the_lock(tmp_path):
         assert time.monotonic() - start > 0.3  # waited for the lock instead of failing
         assert [e.note.startswith("relation=replace-one") for e in ledger.entries()] == [True]
     proc.communicate(timeout=10)
+
+
+# -- nothing fails after the spend ----------------------------------------------------------
+
+def _extreme_inputs(entry, n_classes: int):
+    """Small inputs of every kind a registered mechanism takes."""
+    from mechanisms import Votes
+    from mechanisms.convex import LinearModel
+    from mechanisms.loss_perturbation import PerturbedObjective
+
+    rng = np.random.default_rng(0)
+    src = Source("b", SHA, ("replace-one",), True)
+    if entry.inputs is Certified:
+        return Certified(rng.integers(0, n_classes, 6), np.array([-1, 0, 1, 5, 100, 10**6]),
+                         n_classes, src)
+    if entry.inputs is Votes:
+        return Votes(rng.integers(0, n_classes, (6, 5)), rng.integers(-1, 50, (6, 5)), n_classes,
+                     src)
+    x = rng.normal(size=(6, 4))
+    x /= 2 * np.linalg.norm(x, axis=1, keepdims=True)
+    if entry.inputs is LinearModel:
+        return LinearModel(rng.normal(size=(n_classes, 4)), x, 0.1, n_classes, src)
+    assert entry.inputs is PerturbedObjective
+    return PerturbedObjective(lambda b, r: np.zeros((n_classes, 4)), x, 100, n_classes, 1e-2, src)
+
+
+def test_every_mechanism_refuses_before_the_spend_or_releases():
+    """An audit found releases that failed only after the ledger had recorded the spend
+    (ss-laplace at delta < 1.1e-308: 2 / delta overflowed, beta 0; ptr, gs and lnmax at eps
+    ~1e-310: thresholds and scales overflowed): budget spent, nothing released. Every
+    registered mechanism, at extreme (eps, delta) and 2 or 3 classes, either is refused
+    before anything is recorded or releases labels."""
+    from agt.errors import AGTError
+    from mechanisms import MECHANISMS
+
+    epsilons = (5e-324, 1e-310, 1e-300, 1e-20, 1.0, 1e6)
+    deltas = (5e-324, 1e-310, 1e-20, 1e-5, 0.999999)
+    released = 0
+    for name, entry in MECHANISMS.items():
+        for n_classes in (2, 3):
+            inputs = _extreme_inputs(entry, n_classes)
+            for eps in epsilons:
+                for delta in deltas if entry.needs_delta else (None,):
+                    options = {}
+                    if name in ("svt", "ens-svt"):
+                        options["cutoff"] = 10**9 if eps < 1e-250 else 6
+                    try:
+                        mech = make_mechanism(name, eps, delta, **options)
+                    except AGTError:
+                        continue
+                    with Ledger.in_memory(1e6, 0.9999999) as ledger:
+                        try:
+                            out = ledger.release(mech, inputs, insecure_seed=0)
+                        except AGTError as exc:
+                            assert ledger.spent().epsilon == 0, (name, eps, delta, str(exc))
+                            continue
+                        assert out.labels.shape == (6,)
+                        released += 1
+    assert released > 200            # most settings do release
+
+
+def test_a_failure_after_the_spend_says_the_budget_is_spent_without_private_values(monkeypatch):
+    """The last line behind the checks above: a draw that fails after the commit raises a
+    PrivacyError that says the budget is spent and names only the error's type (its text may
+    hold private values); an interrupt keeps its type and gains a note."""
+    mech = make_mechanism("exp-radius", 0.5)
+    inputs = Certified(np.array([0, 1]), np.array([3, 17]), 2, Source("b", SHA, ("replace-one",), True))
+
+    def broken(self, inputs, rng):
+        raise ValueError("radius 17 of query 1")
+
+    monkeypatch.setattr(type(mech), "_draw", broken)
+    with Ledger.in_memory(5.0) as ledger:
+        with pytest.raises(PrivacyError, match="budget is spent") as err:
+            ledger.release(mech, inputs, insecure_seed=0)
+        assert "17" not in str(err.value) and "ValueError" in str(err.value)
+        assert ledger.spent().epsilon == pytest.approx(1.0)
+
+        def interrupted(self, inputs, rng):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(type(mech), "_draw", interrupted)
+        with pytest.raises(KeyboardInterrupt) as stop:
+            ledger.release(mech, inputs, insecure_seed=0)
+        assert any("budget is spent" in note for note in stop.value.__notes__)
+
+
+def test_a_ledger_in_memory_is_refused_outside_simulations(tmp_path):
+    """A ledger that forgets its spends lets a release be repeated without limit."""
+    for path in (":memory:", ""):
+        with pytest.raises(PrivacyError, match="needs a file"):
+            Ledger.open(path, 1.0)
+    with Ledger.in_memory(1.0) as ledger:
+        assert ledger.budget_epsilon == 1.0

@@ -274,7 +274,7 @@ def test_a_failure_after_the_spend_says_the_budget_was_spent(world, capsys, tmp_
                                                               monkeypatch):
     import agt.io as io
 
-    def disk_full(path, writer):
+    def disk_full(path, writer, **options):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(io, "atomic_write", disk_full)
     shutil.copy(world / "l.db", tmp_path / "l.db")
@@ -285,6 +285,52 @@ def test_a_failure_after_the_spend_says_the_budget_was_spent(world, capsys, tmp_
     assert rc == 2 and "budget spent" in err and "No space left" in err
     with Ledger.open(tmp_path / "l.db") as ledger:
         assert len(ledger.entries()) == 10
+
+
+def test_an_interrupt_after_the_spend_says_the_budget_was_spent(world, capsys, tmp_path,
+                                                                 monkeypatch):
+    import agt.io as io
+
+    def interrupted(path, writer, **options):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(io, "atomic_write", interrupted)
+    shutil.copy(world / "l.db", tmp_path / "l.db")
+    rc = main(["predict", "--bounds", str(world / "b.h5"), "--data", str(world / "q.npz"),
+               "--mechanism", "gs", "--epsilon", "1", "--ledger", str(tmp_path / "l.db"),
+               "--out", str(tmp_path / "p.csv")])
+    err = capsys.readouterr().err
+    assert rc == 130 and "interrupted" in err and "budget spent" in err
+    with Ledger.open(tmp_path / "l.db") as ledger:
+        assert len(ledger.entries()) == 10
+
+
+def test_a_release_file_that_appears_meanwhile_is_kept(tmp_path, capsys):
+    """Two releases to one new --out: each passed the check before either wrote; the second
+    keeps the first's file and writes its labels beside it instead of replacing it."""
+    from agt.cli.ledgers import write_after_spend
+    from agt.io import atomic_write
+
+    out = tmp_path / "p.csv"
+    out.write_text("first release\n")
+    with pytest.raises(FileExistsError):
+        atomic_write(out, lambda p: p.write_text("second\n"), replace=False)
+    assert out.read_text() == "first release\n" and len(list(tmp_path.iterdir())) == 1
+    written = write_after_spend(out, lambda p: p.write_text("second\n"), overwrite=False)
+    assert written == tmp_path / "p-1.csv" and written.read_text() == "second\n"
+    assert out.read_text() == "first release\n"
+    assert "appeared while this release ran" in capsys.readouterr().out
+    assert write_after_spend(out, lambda p: p.write_text("third\n"), overwrite=True) == out
+    assert out.read_text() == "third\n"
+
+
+def test_a_ledger_that_forgets_is_refused_before_any_spend(world, capsys):
+    assert_refused(capsys, world, ["predict", "--bounds", world / "b.h5", "--data",
+                                   world / "q.npz", "--mechanism", "gs", "--epsilon", "1",
+                                   "--budget-epsilon", "5", "--ledger", ":memory:",
+                                   "--out", world / "never.csv"])
+    assert_refused(capsys, world, ["predict", "--bounds", world / "b.h5", "--data",
+                                   world / "q.npz", "--mechanism", "gs", "--epsilon", "1",
+                                   "--ledger", "", "--out", world / "never.csv"])
 
 
 # -- bundles: damage is refused, never read as narrower boxes (items 2 and 4) ---------------
