@@ -257,30 +257,37 @@ class SmoothArgmax(Mechanism):
         return out
 
     def probabilities(self, inputs: Certified) -> NDArray[np.float64]:
-        """(Q, C) exact release probabilities (module quadrature)."""
+        """(Q, C) exact release probabilities (module quadrature), to relative accuracy also
+        where they are tiny (s down to 1e-266): the Cauchy distribution function below 0 is
+        arctan(-1/x) / pi, not 1/2 + arctan(x) / pi (which cancels to 0), and class k's
+        score is integrated over phi = pi/2 - theta, z_k = cot(phi), with the range
+        arctan2(s, 1/2 - f_k) computed directly (a review found probabilities near 1e-23
+        reported as 0 at eps = 30, r = 20)."""
         c, q = inputs.n_classes, inputs.n_queries
-        s = np.maximum(self.scale(inputs.radius, c), 1e-300)
+        s = self.scale(inputs.radius, c)
         pred = inputs.prediction
         out = np.zeros((q, c))
 
         def cdf(x):
-            return 0.5 + np.arctan(x) / math.pi
+            x = np.asarray(x, dtype=np.float64)
+            with np.errstate(divide="ignore"):
+                return np.where(x < 0, np.arctan(-1.0 / np.minimum(x, -1e-300)) / math.pi,
+                                0.5 + np.arctan(x) / math.pi)
 
         # class 0: every coordinate below 1/2
         lead = np.where(pred >= 1, cdf(-0.5 / s), 1.0)      # the coordinate of c (if c >= 1)
         out[:, 0] = lead * cdf(0.5 / s) ** np.where(pred >= 1, c - 2, c - 1)
         for k in range(1, c):
             fk = (pred == k).astype(np.float64)
-            # z_k = tan(theta) above the point where f_k + s z_k = 1/2
-            t0 = np.arctan((0.5 - fk) / s)
-            theta = t0[:, None] + (math.pi / 2 - t0[:, None]) * (_GL_NODES[None, :] + 1) / 2
-            # the class-k score over s (in this form s = inf, the limit, gives no inf / inf)
-            value = (fk / s)[:, None] + np.tan(theta)
+            # z_k = cot(phi) above the point where f_k + s z_k = 1/2: phi in (0, width)
+            width = np.arctan2(s, 0.5 - fk)
+            phi = width[:, None] * (1 - _GL_NODES[None, :]) / 2
+            value = (fk / s)[:, None] + 1.0 / np.tan(phi)            # the class-k score / s
             others_zero = np.where(pred >= 1, np.where(pred == k, c - 2, c - 3), c - 2)
             prob = cdf(value) ** others_zero[:, None]
             other_c = (pred >= 1) & (pred != k)
             prob = prob * np.where(other_c[:, None], cdf(value - (1.0 / s)[:, None]), 1.0)
-            out[:, k] = (prob * _GL_WEIGHTS[None, :]).sum(axis=1) * (math.pi / 2 - t0) / 2 / math.pi
+            out[:, k] = (prob * _GL_WEIGHTS[None, :]).sum(axis=1) * width / 2 / math.pi
         return np.clip(out, 0.0, 1.0)
 
     def _correct(self, inputs: Certified, y):

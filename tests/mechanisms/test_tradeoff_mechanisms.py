@@ -207,6 +207,56 @@ def test_ss_argmax_privacy_ratio_on_neighbouring_class_radius_pairs(n_classes):
     assert np.abs(np.bincount(labels, minlength=n_classes) / 60_000 - p).max() < 0.01
 
 
+def _ss_argmax_reference(n_classes: int, pred: int, s: float) -> list[float]:
+    """The release law in 60-digit arithmetic (adaptive quadrature over phi, z = cot(phi))."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        s = mpmath.mpf(s)
+
+        def cdf(x):
+            return mpmath.atan(-1 / x) / mpmath.pi if x < 0 else 0.5 + mpmath.atan(x) / mpmath.pi
+
+        f = [1 if pred == j else 0 for j in range(1, n_classes)]
+        out = [mpmath.fprod(cdf((mpmath.mpf(1) / 2 - fj) / s) for fj in f)]
+        for k in range(1, n_classes):
+            fk = f[k - 1]
+            width = mpmath.atan2(s, mpmath.mpf(1) / 2 - fk)
+
+            def integrand(phi):
+                score = fk + s * mpmath.cot(phi)
+                return mpmath.fprod(cdf((score - f[j - 1]) / s) for j in range(1, n_classes)
+                                    if j != k) / mpmath.pi
+            out.append(mpmath.quad(integrand, [0, width / 2, width]))
+        return [float(v) for v in out]
+
+
+@pytest.mark.parametrize("eps,radius,n_classes,pred", [(30.0, 20, 3, 1), (1000.0, 3, 5, 2),
+                                                       (1e6, 1, 3, 2), (1.0, 4, 4, 3),
+                                                       (2.0, 30, 5, 0), (1e-300, 0, 4, 1)])
+def test_ss_argmax_law_is_accurate_where_it_is_tiny(eps, radius, n_classes, pred):
+    """A review found labels of probability ~1e-23 (s below ~1e-20) reported as probability
+    0: 1/2 + arctan(x) / pi cancels for x << 0. Relative accuracy against 60 digits, at
+    scales from 3e-266 to 1.2e301."""
+    mech = make_mechanism("ss-argmax", eps)
+    p = mech.probabilities(Certified(np.array([pred]), np.array([radius]), n_classes, SRC))[0]
+    ref = np.array(_ss_argmax_reference(n_classes, pred, float(mech.scale(np.array([radius]),
+                                                                          n_classes)[0])))
+    assert np.all(ref > 0) and np.all(np.abs(p - ref) <= 1e-12 * ref)
+
+
+def test_ss_argmax_privacy_ratio_holds_where_the_probabilities_are_tiny():
+    """Neighbouring radii 15..60 at eps = 30 (s from 1e-16 to 1e-80): every probability is
+    positive and every log-ratio within eps (it was 0 / 0 before)."""
+    eps = 30.0
+    mech = make_mechanism("ss-argmax", eps)
+    for pred in (0, 2):
+        radii = np.arange(15, 61)
+        p = mech.probabilities(Certified(np.full(radii.size, pred), radii, 3, SRC))
+        assert (p > 0).all()
+        assert np.abs(np.log(p[1:] / p[:-1])).max() <= eps
+
+
 @pytest.mark.parametrize("eps,delta", [(1.78e-6, 1e-300), (1e-4, 1e-300), (1e-6, 1e-12),
                                        (1e-10, 1e-300), (1e-12, 1e-30), (1.0, 1e-5)])
 def test_analytic_gaussian_sigma_meets_delta_exactly_at_small_eps(eps, delta):
