@@ -384,3 +384,18 @@ def test_add_remove_to_replace_one_delta_is_never_recorded_too_small():
             g = Guarantee(eps, delta, "add-remove", "dp-sgd", "test").in_relation("replace-one")
             exact = (1 + mpmath.exp(mpmath.mpf(eps))) * mpmath.mpf(delta)
             assert mpmath.mpf(g.delta) >= exact and g.epsilon == 2 * eps
+
+
+def test_laplace_beta_is_never_rounded_above_its_exact_value():
+    """The log1p beta meets the dilation condition with equality: a float one ulp above it
+    exceeds delta. Against 50 digits over eps in [1e-300, 1e6] and delta down to 5e-324."""
+    import mpmath
+
+    rng = np.random.default_rng(3)
+    with mpmath.workdps(50):
+        for _ in range(2000):
+            eps, delta = float(10 ** rng.uniform(-300, 6)), float(10 ** rng.uniform(-323, -1e-4))
+            exact = min(mpmath.log1p(mpmath.mpf(eps) / (2 * (mpmath.log(2) - mpmath.log(delta)))),
+                        mpmath.mpf(eps) / 2)
+            beta = smooth_beta(eps, delta, "laplace")
+            assert mpmath.mpf(beta) <= exact and mpmath.mpf(beta) >= exact * (1 - 1e-13)
