@@ -50,8 +50,9 @@ def atomic_write(path: str | Path, writer: Callable[[Path], object], *,
     try:
         writer(tmp)
         if not replace:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-            claimed = True
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            claimed = True          # ours from here on (never remove another writer's file)
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -104,7 +105,7 @@ def check_output(path: str | Path, *, suffixes: tuple[str, ...] = (), overwrite:
         raise ConfigError(f"{what} must end in {' or '.join(suffixes)}, got {path.name!r}")
     if path.is_dir():
         raise ConfigError(f"{what} {path} is a directory; give a file name")
-    if path.exists() and not overwrite:
+    if os.path.lexists(path) and not overwrite:         # a dangling link counts as existing
         raise ConfigError(f"{what} {path} exists; refusing to overwrite a release file (give a "
                           f"new name, or --overwrite)")
     existing = next(p for p in (path.parent, *path.parent.parents) if p.exists())

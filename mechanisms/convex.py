@@ -43,7 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import log_ndtr, ndtr
 
-from agt.errors import DataError, Problems
+from agt.errors import DataError, PrivacyError, Problems
 
 from mechanisms.base import Mechanism, register
 from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
@@ -213,6 +213,20 @@ class _Convex(Mechanism):
     def _draw(self, inputs: LinearModel, rng):
         return self._sample_labels(inputs, rng, 1)[0]
 
+    def _noise_sensitivity(self, inputs: LinearModel) -> float:
+        raise NotImplementedError
+
+    def check(self, inputs) -> None:
+        """The base checks, and a noise scale sensitivity / eps inside [1e-300, 1e300]: beyond
+        it the rate eps / sensitivity under- or overflows (a review found a ZeroDivisionError
+        after the spend, and infinite noise returning labels, at sensitivity 1e19-1e25)."""
+        super().check(inputs)
+        ratio = self._noise_sensitivity(inputs) / self.epsilon
+        if not 1e-300 <= ratio <= 1e300:
+            raise PrivacyError(f"{self.name}: the noise scale sensitivity / eps lies outside "
+                               f"[1e-300, 1e300], beyond the float range of the noise; check the "
+                               f"sensitivity and epsilon")
+
 
 @dataclass(frozen=True)
 class ModelSensitivity(_Convex):
@@ -232,6 +246,9 @@ class ModelSensitivity(_Convex):
                          f"model sensitivity (van der Maaten-Hannun Alg. {3 if self.gaussian else 1}"
                          f"): the weights plus {noise}; labels of every query are "
                          f"post-processing of one noisy model")
+
+    def _noise_sensitivity(self, inputs: LinearModel) -> float:
+        return inputs.sensitivity
 
     def _sample_labels(self, inputs: LinearModel, rng, n: int):
         w = inputs.weights
@@ -260,6 +277,9 @@ class PredictionSensitivity(_Convex):
                          f"prediction sensitivity (van der Maaten-Hannun Alg. "
                          f"{7 if self.gaussian else 6}): the query's logits plus {noise}, per "
                          f"query")
+
+    def _noise_sensitivity(self, inputs: LinearModel) -> float:
+        return inputs.logit_sensitivity
 
     def _sample_labels(self, inputs: LinearModel, rng, n: int):
         z = inputs.logits

@@ -76,7 +76,9 @@ class Guarantee:
             return self
         if self.relation == ADD_REMOVE and relation == REPLACE_ONE:
             eps = 2.0 * self.epsilon
-            delta = 0.0 if self.delta == 0 else _up((1.0 + math.exp(self.epsilon)) * self.delta)
+            # e^eps overflows above eps ~ 709.8, where the delta is useless anyway
+            grown = math.inf if self.epsilon > 700 else (1.0 + math.exp(self.epsilon)) * self.delta
+            delta = 0.0 if self.delta == 0 else _up(grown) if math.isfinite(grown) else math.inf
             if not math.isfinite(eps) or (self.delta > 0 and delta >= 1.0):
                 raise PrivacyError(f"the add-remove guarantee ({self.epsilon}, {self.delta}) "
                                    f"gives no useful replace-one guarantee")

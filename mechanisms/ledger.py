@@ -213,6 +213,8 @@ class Ledger:
         another process's transaction.
         """
         path = os.fspath(path)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
         if path in (":memory:", "") and not _in_memory:
             raise PrivacyError(f"the privacy ledger needs a file (got {path!r}): a ledger in "
                                f"memory forgets its spends when the process ends "

@@ -122,7 +122,12 @@ def minimum_rho(epsilon: float, n_classes: int, n_train: int, lam: float) -> flo
     if base > 0 and jacobian_epsilon(n_classes, base) <= JACOBIAN_SHARE * epsilon:
         return 0.0
     share = JACOBIAN_SHARE * epsilon / _rank(n_classes)
-    need = HESSIAN_BOUND / math.expm1(share) - base
+    if share > 700:
+        # expm1 overflows near 709.8: curvature e^-700 already suffices, since its Jacobian
+        # cost (C - 1) ln(1 + L e^700) < (C - 1) 700 < (C - 1) share
+        need = math.exp(-700.0) - base
+    else:
+        need = HESSIAN_BOUND / math.expm1(share) - base
     return max(0.0, math.nextafter(need * (1 + 1e-12), math.inf))
 
 

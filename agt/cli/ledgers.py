@@ -54,7 +54,22 @@ def write_after_spend(out: Path, writer, overwrite: bool) -> Path:
         raise ConfigError(f"the release was recorded in the ledger (budget spent) but {out} "
                           f"could not be written ({exc.strerror or exc}); the labels are "
                           f"lost") from None
-    except BaseException as exc:        # Ctrl-C, SIGTERM
-        exc.add_note(f"the release was recorded in the ledger (budget spent) but {out} was "
-                     f"not written: the labels are lost")
-        raise
+
+
+class SpendGuard:
+    """Around a release command's ledger call and file write: an interrupt (Ctrl-C,
+    SIGTERM) that arrives once `spent` is set gains the note that the budget is spent and
+    the labels are lost (agt/cli/main.py prints it). An interrupt inside the draw gets the
+    ledger's own note instead."""
+
+    def __init__(self) -> None:
+        self.spent = False
+
+    def __enter__(self) -> "SpendGuard":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if self.spent and isinstance(exc, KeyboardInterrupt):
+            exc.add_note("the release was recorded in the ledger (budget spent) but its "
+                         "labels were not written: they are lost")
+        return False

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agt.cli.format import (add_release_options, guarantee_line, ledger_line,
                             mechanism_options, non_empty, positive_float, unit_float)
-from agt.cli.ledgers import open_ledger, write_after_spend
+from agt.cli.ledgers import SpendGuard, open_ledger, write_after_spend
 
 
 def add_parser(sub) -> None:
@@ -67,20 +67,22 @@ def run(args) -> int:
                                         with_radii=mechanism.uses_radii)
     mechanism.check(inputs)
     per_query = mechanism.guarantee_for(inputs, args.relation or "replace-one")
-    with open_ledger(args.ledger, inputs.source.dataset_sha256, args.budget_epsilon,
-                     args.budget_delta, args.accountant, args.relation,
-                     (per_query.epsilon, per_query.delta),
-                     budget_flags="--budget-epsilon (and --budget-delta)") as ledger:
-        released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)
-        summary = ledger_line(ledger)
+    with SpendGuard() as guard:
+        with open_ledger(args.ledger, inputs.source.dataset_sha256, args.budget_epsilon,
+                         args.budget_delta, args.accountant, args.relation,
+                         (per_query.epsilon, per_query.delta),
+                         budget_flags="--budget-epsilon (and --budget-delta)") as ledger:
+            released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)
+            guard.spent = True
+            summary = ledger_line(ledger)
 
-    def write(path: Path) -> None:
-        with open(path, "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["index", "label"])
-            w.writerows([i, int(v)] for i, v in enumerate(released.labels))
+        def write(path: Path) -> None:
+            with open(path, "w", newline="") as fh:
+                w = csv.writer(fh)
+                w.writerow(["index", "label"])
+                w.writerows([i, int(v)] for i, v in enumerate(released.labels))
 
-    out = write_after_spend(out, write, args.overwrite)
+        out = write_after_spend(out, write, args.overwrite)
     answered = int((released.labels >= 0).sum())
     print(guarantee_line(released.n_queries, released.mechanism, released.guarantee,
                          " (INSECURE seeded noise)" if released.seeded else "",

@@ -21,7 +21,7 @@ import numpy as np
 from agt.cli.format import (add_release_options, guarantee_line, ledger_line,
                             mechanism_options, non_empty, non_negative_int, positive_float,
                             unit_float)
-from agt.cli.ledgers import open_ledger, write_after_spend
+from agt.cli.ledgers import SpendGuard, open_ledger, write_after_spend
 from agt.errors import ConfigError, PrivacyError
 
 
@@ -160,31 +160,34 @@ def run(args) -> int:
         except BaseException:
             ledger.close()
             raise
-    with ledger:
-        released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)
-        summary = ledger_line(ledger)
-        accountant, budget = ledger.accountant.name, (ledger.budget_epsilon, ledger.budget_delta)
-    labels = released.labels
-    g = released.guarantee
-    arrays = {
-        "labels": labels.astype(np.int64), "answered": labels >= 0,
-        "query_index": np.arange(q, dtype=np.int64),
-        "mechanism": np.asarray(released.mechanism),
-        "epsilon_per_query": np.float64(g.epsilon), "delta_per_query": np.float64(g.delta),
-        "relation": np.asarray(g.relation), "guarantee": np.asarray(g.note),
-        "epsilon_total": np.float64(budget[0]), "delta_total": np.float64(budget[1]),
-        "accountant": np.asarray(accountant), "n_queries": np.int64(q),
-        "n_teachers": np.int64(n_teachers), "public": np.asarray(str(args.public)),
-        "split": np.asarray(args.split), "seeded": np.bool_(released.seeded),
-        "guarantee_per_query": np.bool_(released.per_query),
-    }
-    # the seed itself stays in the ledger (owner-side): whoever knows it can remove the noise
+    with SpendGuard() as guard:
+        with ledger:
+            released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)
+            guard.spent = True
+            summary = ledger_line(ledger)
+            accountant = ledger.accountant.name
+            budget = (ledger.budget_epsilon, ledger.budget_delta)
+        labels = released.labels
+        g = released.guarantee
+        arrays = {
+            "labels": labels.astype(np.int64), "answered": labels >= 0,
+            "query_index": np.arange(q, dtype=np.int64),
+            "mechanism": np.asarray(released.mechanism),
+            "epsilon_per_query": np.float64(g.epsilon), "delta_per_query": np.float64(g.delta),
+            "relation": np.asarray(g.relation), "guarantee": np.asarray(g.note),
+            "epsilon_total": np.float64(budget[0]), "delta_total": np.float64(budget[1]),
+            "accountant": np.asarray(accountant), "n_queries": np.int64(q),
+            "n_teachers": np.int64(n_teachers), "public": np.asarray(str(args.public)),
+            "split": np.asarray(args.split), "seeded": np.bool_(released.seeded),
+            "guarantee_per_query": np.bool_(released.per_query),
+        }
+        # the seed itself stays in the ledger (owner-side): whoever knows it can remove the noise
 
-    def write(p: Path) -> None:
-        with open(p, "wb") as fh:
-            np.savez(fh, **arrays)
+        def write(p: Path) -> None:
+            with open(p, "wb") as fh:
+                np.savez(fh, **arrays)
 
-    out = write_after_spend(out, write, args.overwrite)
+        out = write_after_spend(out, write, args.overwrite)
     print(guarantee_line(q, released.mechanism, g, f" from {n_teachers} teacher(s)"
                          + (" (INSECURE seeded noise)" if released.seeded else ""),
                          released.per_query))

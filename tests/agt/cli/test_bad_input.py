@@ -304,6 +304,48 @@ def test_an_interrupt_after_the_spend_says_the_budget_was_spent(world, capsys, t
         assert len(ledger.entries()) == 10
 
 
+def test_an_interrupt_between_the_spend_and_the_write_says_so(world, capsys, tmp_path,
+                                                               monkeypatch):
+    import agt.cli.predict as predict
+
+    def interrupted(ledger):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(predict, "ledger_line", interrupted)
+    shutil.copy(world / "l.db", tmp_path / "l.db")
+    rc = main(["predict", "--bounds", str(world / "b.h5"), "--data", str(world / "q.npz"),
+               "--mechanism", "gs", "--epsilon", "1", "--ledger", str(tmp_path / "l.db"),
+               "--out", str(tmp_path / "p.csv")])
+    err = capsys.readouterr().err
+    assert rc == 130 and "budget spent" in err and not (tmp_path / "p.csv").exists()
+
+
+def test_a_dangling_link_at_the_output_is_refused_before_any_spend(world, capsys):
+    link = world / "dangling.csv"
+    link.symlink_to(world / "missing-target.csv")
+    try:
+        assert_refused(capsys, world, ["predict", "--bounds", world / "b.h5", "--data",
+                                       world / "q.npz", "--mechanism", "gs", "--epsilon", "1",
+                                       "--ledger", world / "l.db", "--out", link])
+    finally:
+        link.unlink()
+
+
+def test_refusals_of_inputs_name_no_private_value():
+    """Radii and labels are owner-only: a refusal counts offending entries, never shows one."""
+    from agt.errors import DataError
+    from mechanisms.checks import class_array, privacy_problems, radius_array
+
+    for check in (lambda p: radius_array(np.array([4, 123457, 2**60]), p),
+                  lambda p: radius_array(np.array([4, -123457]), p),
+                  lambda p: class_array(np.array([1, 123457]), 3, p)):
+        problems = privacy_problems()
+        check(problems)
+        with pytest.raises(DataError) as err:
+            problems.raise_if_any()
+        assert "123457" not in str(err.value) and str(2**60) not in str(err.value)
+        assert "1 entries" in str(err.value)
+
+
 def test_a_release_file_that_appears_meanwhile_is_kept(tmp_path, capsys):
     """Two releases to one new --out: each passed the check before either wrote; the second
     keeps the first's file and writes its labels beside it instead of replacing it."""
