@@ -121,8 +121,9 @@ def mechanism_options(args) -> dict:
 
 def add_release_options(p, out_help: str, accountant_help: str) -> None:
     """The options every release command shares: ledger, relation, seed and output."""
-    p.add_argument("--ledger", type=non_empty, help="SQLite privacy ledger (default: the private dataset's own "
-                   "ledger under $AGT_LEDGER_DIR or ~/.agt/ledgers); created if missing")
+    p.add_argument("--ledger", type=non_empty,
+                   help="SQLite privacy ledger (default: the private dataset's own ledger "
+                        "under $AGT_LEDGER_DIR or ~/.agt/ledgers); created if missing")
     p.add_argument("--accountant", choices=("standard", "best", "advanced", "tight"),
                    help=accountant_help)
     p.add_argument("--relation", choices=("replace-one", "add-remove"),
