@@ -274,10 +274,9 @@ class SmoothArgmax(Mechanism):
         out = np.zeros((q, c))
 
         def cdf(x):
-            x = np.asarray(x, dtype=np.float64)
-            with np.errstate(divide="ignore"):
-                return np.where(x < 0, np.arctan(-1.0 / np.minimum(x, -1e-300)) / math.pi,
-                                0.5 + np.arctan(x) / math.pi)
+            x = np.asarray(x, dtype=np.float64)      # the minimum only keeps x >= 0 finite
+            return np.where(x < 0, np.arctan(-1.0 / np.minimum(x, -1e-300)) / math.pi,
+                            0.5 + np.arctan(x) / math.pi)
 
         # class 0: every coordinate below 1/2
         lead = np.where(pred >= 1, cdf(-0.5 / s), 1.0)      # the coordinate of c (if c >= 1)

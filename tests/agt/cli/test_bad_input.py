@@ -270,6 +270,16 @@ def test_an_unwritable_output_is_found_before_any_spend(world, capsys, tmp_path)
         ro.chmod(0o755)
 
 
+def predict_on_a_copied_ledger(world, tmp_path, capsys) -> tuple[int, str]:
+    """`agt predict` (gs, eps 1) of the world's queries on a copy of its ledger in tmp_path,
+    writing tmp_path/p.csv: (exit status, stderr)."""
+    shutil.copy(world / "l.db", tmp_path / "l.db")
+    rc = main(["predict", "--bounds", str(world / "b.h5"), "--data", str(world / "q.npz"),
+               "--mechanism", "gs", "--epsilon", "1", "--ledger", str(tmp_path / "l.db"),
+               "--out", str(tmp_path / "p.csv")])
+    return rc, capsys.readouterr().err
+
+
 def test_a_failure_after_the_spend_says_the_budget_was_spent(world, capsys, tmp_path,
                                                               monkeypatch):
     import agt.io as io
@@ -277,11 +287,7 @@ def test_a_failure_after_the_spend_says_the_budget_was_spent(world, capsys, tmp_
     def disk_full(path, writer, **options):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(io, "atomic_write", disk_full)
-    shutil.copy(world / "l.db", tmp_path / "l.db")
-    rc = main(["predict", "--bounds", str(world / "b.h5"), "--data", str(world / "q.npz"),
-               "--mechanism", "gs", "--epsilon", "1", "--ledger", str(tmp_path / "l.db"),
-               "--out", str(tmp_path / "p.csv")])
-    err = capsys.readouterr().err
+    rc, err = predict_on_a_copied_ledger(world, tmp_path, capsys)
     assert rc == 2 and "budget spent" in err and "No space left" in err
     with Ledger.open(tmp_path / "l.db") as ledger:
         assert len(ledger.entries()) == 10
@@ -294,11 +300,7 @@ def test_an_interrupt_after_the_spend_says_the_budget_was_spent(world, capsys, t
     def interrupted(path, writer, **options):
         raise KeyboardInterrupt
     monkeypatch.setattr(io, "atomic_write", interrupted)
-    shutil.copy(world / "l.db", tmp_path / "l.db")
-    rc = main(["predict", "--bounds", str(world / "b.h5"), "--data", str(world / "q.npz"),
-               "--mechanism", "gs", "--epsilon", "1", "--ledger", str(tmp_path / "l.db"),
-               "--out", str(tmp_path / "p.csv")])
-    err = capsys.readouterr().err
+    rc, err = predict_on_a_copied_ledger(world, tmp_path, capsys)
     assert rc == 130 and "interrupted" in err and "budget spent" in err
     with Ledger.open(tmp_path / "l.db") as ledger:
         assert len(ledger.entries()) == 10
@@ -311,11 +313,7 @@ def test_an_interrupt_between_the_spend_and_the_write_says_so(world, capsys, tmp
     def interrupted(ledger):
         raise KeyboardInterrupt
     monkeypatch.setattr(predict, "ledger_line", interrupted)
-    shutil.copy(world / "l.db", tmp_path / "l.db")
-    rc = main(["predict", "--bounds", str(world / "b.h5"), "--data", str(world / "q.npz"),
-               "--mechanism", "gs", "--epsilon", "1", "--ledger", str(tmp_path / "l.db"),
-               "--out", str(tmp_path / "p.csv")])
-    err = capsys.readouterr().err
+    rc, err = predict_on_a_copied_ledger(world, tmp_path, capsys)
     assert rc == 130 and "budget spent" in err and not (tmp_path / "p.csv").exists()
 
 
