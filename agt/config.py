@@ -49,6 +49,10 @@ BOUND_METHODS = ("served-k0", "interval", "stability")
 #: enclosing the L2 balls; training then runs no interval pass and costs about a nominal
 #: run; the default under stability)
 K_BOXES = ("interval", "ball")
+#: where the interval pass lets the k replaced records sit (agt/placement.py): "per-batch"
+#: (the paper: up to k in every batch) or "per-epoch" (up to k in the batches of an epoch
+#: together, as replace-one neighbours have them; tighter on minibatches, costlier)
+K_PLACEMENTS = ("per-batch", "per-epoch")
 #: bound methods whose radii satisfy r(D') >= r(D) - 1 with a smooth selection rule
 #: (agt/training.py, `served_k0_box`, proves it for served-k0; agt/stability.py for the balls)
 SMOOTH_BOUND_METHODS = ("served-k0", "interval", "stability")
@@ -109,6 +113,7 @@ class TrainConfig:
     bound_method: str = DEFAULT_BOUND_METHOD
     input_norm_bound: float | None = None
     k_boxes: str = "interval"
+    k_placement: str = "per-batch"
     clip_norm: float | None = None          # per-record gradient norm bound (stability only)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -293,6 +298,15 @@ def config_from_dict(raw: Any) -> TrainConfig:
     k_boxes = r.choice("k_boxes", "ball" if bound_method == "stability" else "interval",
                        K_BOXES)
     clip_norm = r.optional_number("clip_norm", low=0.0, low_open=True)
+    k_placement = r.choice("k_placement", "per-batch", K_PLACEMENTS)
+    if k_placement == "per-epoch":
+        if k_boxes != "interval":
+            problems.add("k_placement: per-epoch shapes the interval pass's boxes; with "
+                         "k_boxes: ball no interval pass runs (set k_boxes: interval or remove "
+                         "k_placement)")
+        if selection != "exact":
+            problems.add("k_placement: per-epoch uses the exact top-k rule (its nesting proof "
+                         "needs it); remove selection: threshold")
     if bound_method == "stability":
         _check_stability(model, optimizer, momentum, gamma_, norm_bound, clip_norm,
                          k_boxes, problems, norm_given=raw.get("input_norm_bound") is not None,
@@ -320,7 +334,7 @@ def config_from_dict(raw: Any) -> TrainConfig:
         seed=seed, k_values=k_grid, fragment_size=fragment, device=device, dtype=dtype,
         frozen_layers=model.frozen_layers, pretrained=pretrained, selection=selection,
         bound_method=bound_method, input_norm_bound=norm_bound, k_boxes=k_boxes,
-        clip_norm=clip_norm, raw=clean)
+        k_placement=k_placement, clip_norm=clip_norm, raw=clean)
 
 
 def _check_stability(model, optimizer, momentum, gamma_, norm_bound, clip_norm, k_boxes,

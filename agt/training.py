@@ -28,6 +28,13 @@ parameters (agt/stability.py), a query is certified at k when its box or its bal
 certifies, and with ``k_boxes: ball`` (its default) the boxes of k >= 1 are those enclosing
 the balls and no interval pass runs.
 
+Placement (config ``k_placement``): "per-batch" (default, the paper) lets every batch hold up
+to k replaced records; "per-epoch" lets the batches of one epoch hold at most k together,
+which is what a replace-one neighbour does (agt/placement.py: a dynamic programme over the
+replaced records met so far in the epoch). Tighter on minibatches, the same boxes with one
+batch per epoch, and it costs sum over the grid of (k + 1) boxes per step after the first
+epoch instead of one per grid value.
+
 Neighbouring relations certified. Batches are a function of the record index, so replacing
 up to k records keeps every batch slot: every bundle certifies ``replace-one``. When every
 dataset within distance max(k) is trained as one batch per epoch (``batch_size: full``, or
@@ -57,6 +64,7 @@ from agt.errors import ConfigError, DataError, SoundnessError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
 from agt.models import ModelSpec, infer_shapes, init_params
 from agt.optim import UpdateRule, round_to
+from agt.placement import EpochBudgetBoxes
 from agt.stability import (StabilityProblem, StabilityStep, ball_boxes, check_domain,
                            parameter_norm)
 from agt.tensors import resolve_device, torch_dtype
@@ -398,6 +406,33 @@ class _Trainer:
                             "features, lower the learning rate or clip_gamma, or train in "
                             "float64")
 
+    def _budget_boxes_per_pass(self, k_values: tuple[int, ...]) -> int:
+        """How many boxes one interval pass of the placement programme may hold: the
+        memory budgets of `_groups`, with every box's selection buffer as large as max(k)."""
+        frag = min(self.batch_size, self.cfg.fragment_size)
+        shapes = infer_shapes(self.net.layers, tuple(self.x_nominal.shape[1:]))
+        act = sum(math.prod(s) for s in shapes)
+        p_total = sum(self.init[n].numel() for n in self.trainable)
+        slot_bytes = 2 * self.dtype.itemsize * p_total
+        by_work = (WORK_ELEMENTS * 4) // max(1, frag * act * 8)
+        by_buffers = BUFFER_BYTES // max(1, (max(k_values) + 1) * slot_bytes)
+        return max(1, min(by_work, by_buffers))
+
+    def _budget_evaluator(self, idx: torch.Tensor, lr: float, first_step: bool):
+        """Step_b of agt/placement.py on batch ``idx``: for boxes (G, ...) and pairs
+        (c[l], group[l]) the update bounds from box group[l] with up to c[l] of the batch's
+        records replaced (the exact top-k rule: one selection buffer per box)."""
+        def evaluate(theta, velocity, c, group, buffers):
+            d = self._group_pass(theta, c, idx, group, buffers)
+            out_theta, out_v = {}, {}
+            for n in self.trainable:
+                th = theta[n].map(lambda t: t[group])
+                v = None if velocity is None else velocity[n].map(lambda t: t[group])
+                out_theta[n], out_v[n] = self.rule.bounds(th, v, d[n], lr, first_step, self.fm)
+            has_v = any(v is not None for v in out_v.values())
+            return out_theta, (out_v if has_v else None)
+        return evaluate
+
     # -- the loop ----------------------------------------------------------------------------
     def run(self, with_bounds: bool, progress: bool, ds_sha: str,
             step_callback: Callable | None = None,
@@ -422,6 +457,11 @@ class _Trainer:
             vboxes = {n: None for n in self.trainable}
         orders = epoch_orders(self.n, cfg.n_epochs, cfg.seed)
         plan = [(e, b) for e in range(cfg.n_epochs) for b in _batches(orders[e], self.batch_size)]
+        # per-epoch placement budget (agt/placement.py); with one batch per epoch it gives
+        # the paper's boxes, which the paper pass computes faster
+        budget = None
+        if interval_pass and cfg.k_placement == "per-epoch" and self.batch_size < self.n:
+            budget = EpochBudgetBoxes(k_list, theta, self._budget_boxes_per_pass(k_list))
         bar = tqdm(plan, desc=f"AGT train (K={K})" if with_bounds else "train",
                    unit="step", disable=not progress, leave=False)
         ball_steps, whole_beta = [], None
@@ -440,10 +480,18 @@ class _Trainer:
             use_thresholds = interval_pass and cfg.selection == "threshold"
             direction, stats = self.nominal_direction(
                 theta, idx, k_max=int(k_tensor.max()) if use_thresholds else 0)
+            if budget is not None:
+                boxes, vboxes = _budget_hulls(budget)
             if interval_pass and bounds_callback is not None:
                 bounds_callback(StepBounds(step, batch, lr, boxes, vboxes))
             if interval_pass:
                 self._overflow_guard(boxes, vboxes, lr)
+            if budget is not None:
+                budget.step(self._budget_evaluator(idx, lr, step == 0))
+                if step + 1 == len(plan) or plan[step + 1][0] != epoch:
+                    budget.end_epoch()
+                boxes = None        # the budget's hulls, taken after the nominal update
+            elif interval_pass:
                 d_boxes = self.descent_bounds(boxes, k_tensor, idx, shared=(step == 0), stats=stats)
                 new_boxes, new_v = {}, {}
                 for n in self.trainable:
@@ -453,6 +501,8 @@ class _Trainer:
                 vboxes = {n: (_monotone_in_k(v) if v is not None else None) for n, v in new_v.items()}
             for n in self.trainable:
                 theta[n], buf[n] = self.rule.nominal(theta[n], buf[n], direction[n], lr)
+            if budget is not None:
+                boxes, vboxes = _budget_hulls(budget)
             if interval_pass:
                 _check_contains(boxes, theta, step)
             if step_callback is not None:
@@ -485,6 +535,14 @@ class _Trainer:
         return TrainResult(cfg, self.spec, k_list, self.init, nominal, lower, upper, orders,
                            self.relations, ds_sha, self.n, time.perf_counter() - t_start,
                            ball_radius=ball)
+
+
+def _budget_hulls(budget: EpochBudgetBoxes):
+    """The placement programme's k-boxes (and momentum boxes), nested in k as the paper
+    path's boxes are after every step."""
+    theta, velocity = budget.boxes()
+    return ({n: _monotone_in_k(b) for n, b in theta.items()},
+            {n: (_monotone_in_k(velocity[n]) if velocity is not None else None) for n in theta})
 
 
 def served_k0_box(k_values: tuple[int, ...], nominal: dict[str, torch.Tensor],

@@ -27,7 +27,8 @@ def run(args) -> int:
     print(f"  model: {b.spec.to_json()}")
     cfg = b.config
     keys = ("loss", "optimizer", "learning_rate", "lr_decay", "lr_min", "momentum", "n_epochs",
-            "batch_size", "clip_gamma", "clip_norm", "seed", "input_norm_bound", "k_boxes")
+            "batch_size", "clip_gamma", "clip_norm", "seed", "input_norm_bound", "k_boxes",
+            "k_placement")
     print("  config: " + ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg))
     print("  max width (upper - lower) per parameter:")
     ks = summary_ks(b.k_values, 8)

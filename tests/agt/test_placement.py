@@ -1,0 +1,209 @@
+"""The per-epoch placement budget (config ``k_placement: per-epoch``, agt/placement.py):
+try to break its boxes with retrained neighbours, check that they nest on neighbours at
+every step (r(D') >= r(D) - 1), that they are never looser than the paper's per-batch
+boxes and equal to them with one batch per epoch, and that weakened versions fail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import agt.placement as placement
+from agt.data import Dataset
+from agt.errors import ConfigError
+from agt.training import REPLACE, train, train_nominal
+
+from tests.agt.test_training import REPLACE_KINDS, falsify, targeted
+from tests.helpers import LOGISTIC_CE, MLP, blobs, config, inside, with_train
+
+
+def per_epoch(model, **kw):
+    base = dict(batch_size=60, n_epochs=2, fragment_size=25, k_values=[0, 1, 2, 4],
+                k_placement="per-epoch")
+    base.update(kw)
+    return config(model, "cross_entropy", **base)
+
+
+@pytest.mark.parametrize("optimizer", [
+    dict(optimizer="sgd", l2_reg=0.05),
+    dict(optimizer="sgdm", momentum=0.9, dampening=0.3, l2_reg=0.02),
+    dict(optimizer="sgdm", momentum=0.8, nesterov=True, dtype="float32"),
+])
+def test_falsify_per_epoch_minibatch(optimizer):
+    ds = blobs(240, seed=2)
+    cfg = per_epoch(MLP, **optimizer)
+    assert train(cfg, ds).relations == (REPLACE,)
+    assert falsify(cfg, ds, REPLACE_KINDS, trials_per_k=10, seed=3) >= 30
+
+
+def neighbour_in_slots(ds, slots, rng, cfg):
+    """D with the records of ``slots`` replaced by targeted points (their clamped gradient
+    saturated against one coordinate, `targeted`): the attack that reaches the one-step
+    bound, placed where the test wants it."""
+    crafted = targeted(cfg, ds, len(slots), rng)
+    changed = np.flatnonzero((crafted.x_train != ds.x_train).any(axis=1)
+                             | (crafted.y_train != ds.y_train))
+    x, y = ds.x_train.copy(), ds.y_train.copy()
+    x[slots], y[slots] = crafted.x_train[changed], crafted.y_train[changed]
+    return with_train(ds, x, y)
+
+
+def worst_neighbour_reach(cfg, ds, trials=40, seed=0):
+    """Largest excursion (fraction of the half-width beyond the nominal, > 1: outside) of
+    targeted neighbours whose k replaced records sit in one batch of every epoch (first,
+    last or a random one), over the grid's k >= 1."""
+    res = train(cfg, ds)
+    rng = np.random.default_rng(seed)
+    n, b = len(ds.y_train), int(cfg.batch_size)
+    worst = 0.0
+    for t in range(trials):
+        j = 1 + t % (len(res.k_values) - 1)
+        k = res.k_values[j]
+        where = ("first", "last", "random")[t % 3]
+        first_epoch = res.order[0]
+        start = {"first": 0, "last": ((n - 1) // b) * b,
+                 "random": int(rng.integers(0, (n - 1) // b + 1)) * b}[where]
+        slots = first_epoch[start:start + b][:k]
+        p = train_nominal(cfg, neighbour_in_slots(ds, slots, rng, cfg))
+        ok, _ = inside(p, res.lower, res.upper, j)
+        for name in p:
+            v, nom = p[name].double(), res.nominal[name].double()
+            lo, hi = res.lower[name][j], res.upper[name][j]
+            frac = torch.maximum((v - nom) / (hi - nom), (nom - v) / (nom - lo)).nan_to_num(0)
+            worst = max(worst, float(frac.max()))
+        if not ok:
+            return float("inf")
+    return worst
+
+
+def linear_setting():
+    """Logistic regression on small features (little wrapping): 3 batches of 67 per epoch,
+    2 epochs, where the targeted placements reach the per-epoch boxes up to rounding."""
+    base = blobs(200, seed=7)
+    ds = Dataset(base.name, base.x_train * 0.3, base.y_train, base.x_test * 0.3, base.y_test,
+                 base.n_classes, dict(base.meta))
+    cfg = config(LOGISTIC_CE, "cross_entropy", batch_size=67, n_epochs=2, lr_decay=0.0,
+                 learning_rate=0.5, clip_gamma=0.05, k_values=[0, 1, 2, 3],
+                 k_placement="per-epoch")
+    return cfg, ds
+
+
+def test_targeted_placements_stay_inside_and_come_close():
+    cfg, ds = linear_setting()
+    reach = worst_neighbour_reach(cfg, ds)
+    assert reach <= 1.0
+    assert reach > 0.99, f"the attack reaches only {reach:.2f} of the per-epoch boxes"
+
+
+def test_one_replaced_record_fewer_per_batch_is_caught(monkeypatch):
+    monkeypatch.setattr(placement, "successor_counts", lambda j, cap: range(0, max(1, cap - j)))
+    cfg, ds = linear_setting()
+    assert worst_neighbour_reach(cfg, ds) > 1.0
+
+
+def test_a_budget_that_does_not_restart_each_epoch_is_caught(monkeypatch):
+    monkeypatch.setattr(placement.EpochBudgetBoxes, "end_epoch", lambda self: None)
+    cfg, ds = linear_setting()
+    assert worst_neighbour_reach(cfg, ds) > 1.0
+
+
+def test_boxes_nest_on_neighbours_at_every_step():
+    """box_t(D', k - 1) inside box_t(D, k) for the computed boxes at every step (the
+    nesting claim of agt/placement.py, which gives r(D') >= r(D) - 1), float32 and
+    float64, plain and momentum SGD."""
+    ds = blobs(150, seed=3)
+    rng = np.random.default_rng(1)
+    for trial, (dtype, opt) in enumerate([("float64", {}), ("float32", {}),
+                                          ("float64", dict(optimizer="sgdm", momentum=0.9))]):
+        cfg = config(MLP, "cross_entropy", batch_size=40, n_epochs=3, clip_gamma=0.1,
+                     learning_rate=1.0, k_values="0..6", dtype=dtype,
+                     k_placement="per-epoch", **opt)
+        kept = []
+        train(cfg, ds, bounds_callback=kept.append)
+        for kind in range(3):
+            x2, y2 = ds.x_train.copy(), ds.y_train.copy()
+            i0 = int(rng.integers(len(y2)))
+            if kind == 0:
+                y2[i0] = 1 - y2[i0]
+            elif kind == 1:
+                x2[i0] = rng.choice([-1, 1]) * 50 * np.abs(rng.normal(size=x2.shape[1]) + 1)
+            else:
+                x2[i0] = x2[int(rng.integers(len(y2)))]
+            kept2 = []
+            train(cfg, with_train(ds, x2, y2), bounds_callback=kept2.append)
+            assert len(kept) == len(kept2) > 8
+            for s1, s2 in zip(kept, kept2):
+                for boxes1, boxes2 in ((s1.theta, s2.theta), (s1.velocity, s2.velocity)):
+                    for name in boxes1:
+                        a, b = boxes1[name], boxes2[name]
+                        if a is None:
+                            continue
+                        assert bool((b.lo[:-1] >= a.lo[1:]).all()
+                                    and (b.hi[:-1] <= a.hi[1:]).all()), \
+                            f"{dtype} {opt} kind {kind}, step {s1.step}, {name}: box(D', k - 1) " \
+                            "leaves box(D, k)"
+
+
+@pytest.mark.parametrize("model", [LOGISTIC_CE, MLP])
+def test_never_looser_than_per_batch_and_tighter_on_minibatches(model):
+    ds = blobs(240, seed=5)
+    cfg = config(model, "cross_entropy", batch_size=40, n_epochs=2, k_values="0..5",
+                 clip_gamma=0.2, k_placement="per-epoch")
+    new, old = train(cfg, ds), train(cfg.replace(k_placement="per-batch"), ds)
+    for name in new.lower:
+        assert bool((new.lower[name] >= old.lower[name]).all()
+                    and (new.upper[name] <= old.upper[name]).all())
+        w_new = new.upper[name][1] - new.lower[name][1]      # k = 1
+        w_old = old.upper[name][1] - old.lower[name][1]
+        assert float(w_new.median()) < 0.8 * float(w_old.median())
+
+
+@pytest.mark.parametrize("batch", ["full", 10_000])
+def test_one_batch_per_epoch_gives_the_paper_boxes(batch):
+    ds = blobs(120, seed=6)
+    cfg = config(MLP, "cross_entropy", batch_size=batch, n_epochs=2, k_values="0..4",
+                 k_placement="per-epoch")
+    new, old = train(cfg, ds), train(cfg.replace(k_placement="per-batch"), ds)
+    assert new.relations == old.relations
+    for name in new.lower:
+        assert torch.equal(new.lower[name], old.lower[name])
+        assert torch.equal(new.upper[name], old.upper[name])
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (dict(selection="threshold"), "exact top-k rule"),
+    (dict(bound_method="stability", input_norm_bound=10.0, clip_gamma=10.0), "k_boxes: ball"),
+    (dict(k_placement="epoch"), "k_placement must be one of per-batch, per-epoch"),
+])
+def test_config_refusals(extra, needle):
+    with pytest.raises(ConfigError, match=needle):
+        config(LOGISTIC_CE, "cross_entropy", batch_size=40, **{"k_placement": "per-epoch",
+                                                                **extra})
+
+
+def test_trajectory_certificates_on_a_per_epoch_bundle():
+    """agt/trajectory.py re-runs the interval pass: it must reproduce the per-epoch boxes
+    and stay sound with them (retrained neighbours never flip a certified prediction)."""
+    from agt.certify import Certifier
+    from agt.store import from_result
+    from agt.trajectory import TrajectoryBounds
+    from tests.helpers import classes, logits
+    ds = blobs(240, seed=8)
+    cfg = config(LOGISTIC_CE, "cross_entropy", batch_size=40, n_epochs=2, k_values="0..8",
+                 clip_gamma=0.2, k_placement="per-epoch")
+    res = train(cfg, ds)
+    bundle = from_result(res)
+    cert = Certifier(bundle, trajectory=TrajectoryBounds(bundle, ds)).certify(ds.x_test)
+    assert (cert.max_certified_k >= 1).any()
+    rng = np.random.default_rng(9)
+    for t in range(6):
+        k = int(rng.integers(1, 9))
+        x2, y2 = ds.x_train.copy(), ds.y_train.copy()
+        idx = rng.choice(len(y2), size=k, replace=False)
+        x2[idx] = rng.normal(size=(k, x2.shape[1])) * 8
+        y2[idx] = 1 - y2[idx]
+        p = train_nominal(cfg, with_train(ds, x2, y2))
+        pred = classes(logits(res.spec, p, ds.x_test, torch.float64))
+        flipped = (cert.max_certified_k >= k) & (pred != cert.prediction)
+        assert not flipped.any()
