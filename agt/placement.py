@@ -42,6 +42,27 @@ nest, so S'_{k'} lies in S_k, and so do the final boxes. This is the condition t
 interval method's smoothness proof rests on (box(D', g_{i-1}) inside box(D, g_i)), so the
 grid radii keep r(D') >= r(D) - 1. QED
 
+Rounding. The argument needs the computed bounds to be inclusion isotone in the box. Each
+operation is isotone in real arithmetic, but a computed one is only up to its rounding: an
+adversarial review found a sub-box's computed bound outside the box's by one float64 ulp
+(midpoint-radius products), 2.8e-10 at |theta| ~ 0.3 in float32 (outward casts), where the
+programme compared D' at state j with D at state j + 1 through the same c. (The per-batch
+path compares D' at k - 1 with D at k on every batch, so each of its steps carries the
+margin that the allowance w_k (1 + 2k) of agt/topk.py leaves beyond the sums' rounding.)
+So every transition into state j' of a chain of budget kappa has its descent bound widened
+by 2 w_kappa u, u = kappa + j' in the per-k chains of later epochs and u = j' in the first
+epoch's shared chain (w_kappa: `agt.topk.nesting_allowance` of the batch at kappa, the same
+for D and D' under replace-one and increasing in kappa), then clamped to the clamp range
+(an isotone map). Every comparison of the claim is then against a D transition with a
+larger u, which leaves it at least 2 w more: in later epochs kappa > kappa' (and j' + 1
+against j' after s); in the first epoch both runs use the same chain, compare j' + 1 with
+j' once s was met, and before s are the same computation on the same batches (equal
+boxes, no slack needed, so state 0 of the first epoch, which holds the k = 0 box, carries
+none). Leaks up to 2 w per step are absorbed. This is the premise the
+per-batch path rests on too (isotonicity up to the allowance), not a proof of it; the
+tests check the computed boxes on neighbours, and the slack is about 1e-7 gamma (k + j')
+per step in float32, 1e-14 gamma in float64.
+
 Widening the start boxes to be nested in k (cummin / cummax over the grid, as the
 paper path does each step) keeps both arguments: it only enlarges boxes, and it enlarges
 D's at k by boxes of smaller budgets, which contain D''s at smaller budgets by the claim.
@@ -65,9 +86,11 @@ from agt.errors import SoundnessError
 from agt.interval import BOUND_DTYPE, Interval
 
 #: evaluate(theta boxes (G, ...), velocity boxes (G, ...) or None, c (L,), group (L,),
-#: buffers (G,)) -> (theta (L, ...), velocity (L, ...) or None): Step_b(box group[l], c[l])
-StepEvaluator = Callable[[dict, dict | None, torch.Tensor, torch.Tensor, list],
-                         tuple[dict, dict | None]]
+#: buffers (G,), cap, units (L,)) -> (theta (L, ...), velocity (L, ...) or None):
+#: Step_b(box group[l], c[l]) for a chain of budget ``cap``, its descent bound widened by
+#: the transition slack 2 w_cap units[l] (module docstring, Rounding)
+StepEvaluator = Callable[[dict, dict | None, torch.Tensor, torch.Tensor, list, int,
+                          torch.Tensor], tuple[dict, dict | None]]
 
 
 def successor_counts(j: int, cap: int) -> range:
@@ -82,6 +105,7 @@ class _Chain:
     lo / hi (cap + 1, ...) per parameter (and per velocity, or None), ``alive`` (cap + 1,)."""
     members: list[int]
     cap: int
+    shared: bool            # the first epoch's chain, serving every grid value
     lo: dict[str, torch.Tensor]
     hi: dict[str, torch.Tensor]
     v_lo: dict[str, torch.Tensor] | None
@@ -93,8 +117,8 @@ def _empty_like(t: torch.Tensor, rows: int, fill: float) -> torch.Tensor:
     return torch.full((rows, *t.shape[1:]), fill, dtype=t.dtype, device=t.device)
 
 
-def _start(members: list[int], cap: int, lo: dict, hi: dict, v_lo: dict | None,
-           v_hi: dict | None) -> _Chain:
+def _start(members: list[int], cap: int, shared: bool, lo: dict, hi: dict,
+           v_lo: dict | None, v_hi: dict | None) -> _Chain:
     """A chain whose state 0 is the box (lo, hi) (each (1, ...)) and the others empty."""
     def states(t, fill):
         out = _empty_like(t, cap + 1, fill)
@@ -102,7 +126,7 @@ def _start(members: list[int], cap: int, lo: dict, hi: dict, v_lo: dict | None,
         return out
     alive = torch.zeros(cap + 1, dtype=torch.bool)
     alive[0] = True
-    return _Chain(members, cap,
+    return _Chain(members, cap, shared,
                   {n: states(t, float("inf")) for n, t in lo.items()},
                   {n: states(t, -float("inf")) for n, t in hi.items()},
                   None if v_lo is None else {n: states(t, float("inf")) for n, t in v_lo.items()},
@@ -122,7 +146,7 @@ class EpochBudgetBoxes:
         self.k_values = tuple(int(k) for k in k_values)
         self.max_boxes = max(1, int(max_boxes))
         point = {n: t.to(BOUND_DTYPE).unsqueeze(0) for n, t in theta0.items()}
-        self.chains = [_start(list(range(len(self.k_values))), max(self.k_values),
+        self.chains = [_start(list(range(len(self.k_values))), max(self.k_values), True,
                               point, point, None, None)]
 
     # -- the k-boxes ------------------------------------------------------------------------
@@ -179,7 +203,10 @@ class EpochBudgetBoxes:
             group = torch.tensor([g for g, cs in enumerate(counts) for _ in cs],
                                  dtype=torch.int64)
             target = torch.tensor([j + ci for j, cs in zip(states, counts) for ci in cs])
-            out_theta, out_v = evaluate(theta, velocity, c, group, [max(cs) for cs in counts])
+            # transition slack in units of 2 w_cap (module docstring, Rounding)
+            units = target if chain.shared else target + chain.cap
+            out_theta, out_v = evaluate(theta, velocity, c, group, [max(cs) for cs in counts],
+                                        chain.cap, units)
             for n, box in out_theta.items():
                 _hull_into(new_lo[n], new_hi[n], box, target)
             if out_v is not None:
@@ -205,7 +232,7 @@ class EpochBudgetBoxes:
         for m, k in enumerate(self.k_values):
             row = slice(m, m + 1)
             self.chains.append(_start(
-                [m], k, {n: b.lo[row] for n, b in theta.items()},
+                [m], k, False, {n: b.lo[row] for n, b in theta.items()},
                 {n: b.hi[row] for n, b in theta.items()},
                 None if velocity is None else {n: b.lo[row] for n, b in velocity.items()},
                 None if velocity is None else {n: b.hi[row] for n, b in velocity.items()}))

@@ -128,10 +128,10 @@ def nesting_allowance(b: int, k: torch.Tensor, gamma: float, fm: FloatModel) -> 
     each dataset's own b, w(D') exceeded w(D) by ~2e-17 gamma when D' had one record more).
     It depends on b and k only: not on how the trainer groups the k grid into boxes
     (groups sized from the batch would let D and D' see different group maxima)."""
-    out = torch.empty(k.shape[0], dtype=BOUND_DTYPE)
-    for m, kk in enumerate(k.tolist()):
-        out[m] = rounding_allowance(max(1, b - kk), b + 2 * kk + 8, gamma, fm)
-    return out
+    values, inverse = torch.unique(k.cpu(), return_inverse=True)
+    per_value = torch.tensor([rounding_allowance(max(1, b - kk), b + 2 * kk + 8, gamma, fm)
+                              for kk in values.tolist()], dtype=BOUND_DTYPE)
+    return per_value[inverse]
 
 
 #: CPU selections through numpy (SIMD introselect/sort); False: torch everywhere. Both give the

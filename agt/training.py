@@ -68,7 +68,8 @@ from agt.placement import EpochBudgetBoxes
 from agt.stability import (StabilityProblem, StabilityStep, ball_boxes, check_domain,
                            parameter_norm)
 from agt.tensors import resolve_device, torch_dtype
-from agt.topk import DescentAccumulator, ThresholdAccumulator, order_statistics
+from agt.topk import (DescentAccumulator, ThresholdAccumulator, clamp_limit, nesting_allowance,
+                      order_statistics)
 
 # Memory budgets (elements of float64 temporaries per chunk; bytes of top-k buffers).
 WORK_ELEMENTS = 1 << 21
@@ -408,7 +409,8 @@ class _Trainer:
 
     def _budget_boxes_per_pass(self, k_values: tuple[int, ...]) -> int:
         """How many boxes one interval pass of the placement programme may hold: the
-        memory budgets of `_groups`, with every box's selection buffer as large as max(k)."""
+        memory budgets of `_groups`, with every box's selection buffer as large as max(k),
+        and its max(k) + 1 successor boxes within the buffer budget."""
         frag = min(self.batch_size, self.cfg.fragment_size)
         shapes = infer_shapes(self.net.layers, tuple(self.x_nominal.shape[1:]))
         act = sum(math.prod(s) for s in shapes)
@@ -416,16 +418,26 @@ class _Trainer:
         slot_bytes = 2 * self.dtype.itemsize * p_total
         by_work = (WORK_ELEMENTS * 4) // max(1, frag * act * 8)
         by_buffers = BUFFER_BYTES // max(1, (max(k_values) + 1) * slot_bytes)
-        return max(1, min(by_work, by_buffers))
+        # each box yields up to max(k) + 1 successors: descent, parameter and velocity boxes
+        # (lo and hi, float64) and the gathered source boxes of the update
+        by_outputs = BUFFER_BYTES // max(1, 8 * (max(k_values) + 1) * 8 * p_total)
+        return max(1, min(by_work, by_buffers, by_outputs))
 
     def _budget_evaluator(self, idx: torch.Tensor, lr: float, first_step: bool):
         """Step_b of agt/placement.py on batch ``idx``: for boxes (G, ...) and pairs
         (c[l], group[l]) the update bounds from box group[l] with up to c[l] of the batch's
-        records replaced (the exact top-k rule: one selection buffer per box)."""
-        def evaluate(theta, velocity, c, group, buffers):
+        records replaced (the exact top-k rule: one selection buffer per box), the descent
+        bound widened by the transition slack 2 w_cap units[l] of that module."""
+        gam = clamp_limit(self.gamma, self.fm.nominal_dtype, self.dtype)
+
+        def evaluate(theta, velocity, c, group, buffers, cap, units):
             d = self._group_pass(theta, c, idx, group, buffers)
+            w = float(nesting_allowance(len(idx), torch.tensor([cap]), gam, self.fm)[0])
+            slack = (2.0 * w * units.to(BOUND_DTYPE)).to(self.device)
             out_theta, out_v = {}, {}
             for n in self.trainable:
+                extra = slack.view(-1, *([1] * (d[n].lo.dim() - 1)))
+                d[n] = Interval((d[n].lo - extra).clamp_min(-gam), (d[n].hi + extra).clamp_max(gam))
                 th = theta[n].map(lambda t: t[group])
                 v = None if velocity is None else velocity[n].map(lambda t: t[group])
                 out_theta[n], out_v[n] = self.rule.bounds(th, v, d[n], lr, first_step, self.fm)
@@ -490,7 +502,6 @@ class _Trainer:
                 budget.step(self._budget_evaluator(idx, lr, step == 0))
                 if step + 1 == len(plan) or plan[step + 1][0] != epoch:
                     budget.end_epoch()
-                boxes = None        # the budget's hulls, taken after the nominal update
             elif interval_pass:
                 d_boxes = self.descent_bounds(boxes, k_tensor, idx, shared=(step == 0), stats=stats)
                 new_boxes, new_v = {}, {}

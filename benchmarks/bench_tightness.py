@@ -31,9 +31,13 @@ Tasks (fixed data, seeds and settings; no task is tuned to a method):
                    rounded medians between 50 and 100 down to 50: a finer ruler, same task)
   ensemble_t25     Blobs logistic 6-2 (configs/blobs.yaml: 1 full-batch step), T = 25 teachers
                    of 200 records, k = 0..199; the ensemble radius of Thm 5.3 per query
+  blobs_mlp_mb, blobs_mlp_mb1   blobs_mlp's data and model on minibatches: batches of 500 for
+                   2 epochs (k = 0..20), and of 100 for 1 epoch (k = 0..10); added to measure
+                   k_placement where the paper's minibatch boxes certify anything at k >= 1
+                   (the digits minibatch tasks certify nothing there under either placement)
 
     python benchmarks/bench_tightness.py [--tasks a,b]
-                                         [--methods interval,served-k0,trajectory,stability,stability-ball,stability-clip:C]
+                                         [--methods interval,served-k0,per-epoch,trajectory,stability,stability-ball,stability-clip:C]
                                          [--json FILE]
 
 Method "stability" (agt/stability.py) applies only to a linear head trained by gradient
@@ -43,7 +47,8 @@ beside the balls (``k_boxes: interval``); "stability-ball" is the method's defau
 ``k_boxes: ball`` (the boxes of k >= 1 enclose the balls; no interval pass in training);
 "trajectory" certifies served-k0 bundles also by agt/trajectory.py's margin bound along
 the training run (linear heads; its certification time includes re-running the interval
-pass). "stability-clip:C" is stability-ball with every record's gradient norm clipped to C
+pass). "per-epoch" is served-k0 with ``k_placement: per-epoch`` (agt/placement.py: the
+batches of one epoch hold at most k replaced records together). "stability-clip:C" is stability-ball with every record's gradient norm clipped to C
 (config ``clip_norm``: a different training rule; the rows for several C show the
 accuracy / radius trade-off, no C is picked on the test data).
 
@@ -150,6 +155,11 @@ def task_setup(name: str):
     if name in ("digits10_gd_centred", "digits10_sgd_centred"):
         cfg, _, ks, _ = task_setup(name.removesuffix("_centred"))
         return cfg.replace(clip_gamma=CENTRED_NORM), _digits(False, centred=True), ks, 0
+    if name in ("blobs_mlp_mb", "blobs_mlp_mb1"):
+        cfg, ds, _, _ = task_setup("blobs_mlp")
+        if name == "blobs_mlp_mb":
+            return cfg.replace(batch_size=500, n_epochs=2, k_values="0..20"), ds, (5, 8, 10), 0
+        return cfg.replace(batch_size=100, n_epochs=1, k_values="0..10"), ds, (1, 2, 5), 0
     if name == "ensemble_t25":
         cfg = load_config("configs/blobs.yaml", {"device": "cpu"})
         return cfg, load_dataset(cfg.data.name, cfg.data.options), (25, 100, 400), 25
@@ -158,7 +168,7 @@ def task_setup(name: str):
 
 TASKS = ("blobs_mlp", "digits_bin_mb", "digits10_linear", "digits10_mlp", "imdb_head",
          "ensemble_t25", "imdb_head_fine", "digits10_gd", "digits_bin_mb_linear", "digits10_sgd",
-         "digits10_gd_centred", "digits10_sgd_centred")
+         "digits10_gd_centred", "digits10_sgd_centred", "blobs_mlp_mb", "blobs_mlp_mb1")
 #: the declared input domain of the digits tasks: 64 pixels scaled into [0, 1]
 DIGITS_NORM = 8.0
 #: ... and of the centred ones: 64 pixels in [-0.5, 0.5]
@@ -170,6 +180,8 @@ def domain_of(task: str) -> float:
 
 
 def with_method(cfg, method: str, norm: float = DIGITS_NORM):
+    if method == "per-epoch":               # served-k0 boxes under the per-epoch budget
+        return cfg.replace(bound_method="served-k0", k_placement="per-epoch")
     if method == "trajectory":              # served-k0 bundles, certified along the run too
         return cfg.replace(bound_method="served-k0")
     if method == "stability":               # the balls beside the interval pass's boxes

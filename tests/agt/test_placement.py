@@ -1,7 +1,8 @@
 """The per-epoch placement budget (config ``k_placement: per-epoch``, agt/placement.py):
 try to break its boxes with retrained neighbours, check that they nest on neighbours at
 every step (r(D') >= r(D) - 1), that they are never looser than the paper's per-batch
-boxes and equal to them with one batch per epoch, and that weakened versions fail."""
+boxes (beyond their rounding slack) and equal to them with one batch per epoch, and that
+weakened versions fail."""
 
 from __future__ import annotations
 
@@ -146,14 +147,15 @@ def test_boxes_nest_on_neighbours_at_every_step():
 
 
 @pytest.mark.parametrize("model", [LOGISTIC_CE, MLP])
-def test_never_looser_than_per_batch_and_tighter_on_minibatches(model):
+def test_never_looser_than_per_batch_beyond_the_slack_and_tighter_on_minibatches(model):
     ds = blobs(240, seed=5)
     cfg = config(model, "cross_entropy", batch_size=40, n_epochs=2, k_values="0..5",
                  clip_gamma=0.2, k_placement="per-epoch")
     new, old = train(cfg, ds), train(cfg.replace(k_placement="per-batch"), ds)
     for name in new.lower:
-        assert bool((new.lower[name] >= old.lower[name]).all()
-                    and (new.upper[name] <= old.upper[name]).all())
+        # up to the transition slack (agt/placement.py, Rounding): ~1e-14 gamma per step here
+        assert bool((new.lower[name] >= old.lower[name] - 1e-9).all()
+                    and (new.upper[name] <= old.upper[name] + 1e-9).all())
         w_new = new.upper[name][1] - new.lower[name][1]      # k = 1
         w_old = old.upper[name][1] - old.lower[name][1]
         assert float(w_new.median()) < 0.8 * float(w_old.median())
@@ -207,3 +209,56 @@ def test_trajectory_certificates_on_a_per_epoch_bundle():
         pred = classes(logits(res.spec, p, ds.x_test, torch.float64))
         flipped = (cert.max_certified_k >= k) & (pred != cert.prediction)
         assert not flipped.any()
+
+
+def _step_excess(kept_d, kept_dp) -> float:
+    """Largest excess of box_t(D', k_{i-1}) over box_t(D, k_i), parameters and velocity."""
+    worst = 0.0
+    for sa, sb in zip(kept_d, kept_dp):
+        for boxes_a, boxes_b in ((sa.theta, sb.theta), (sa.velocity or {}, sb.velocity or {})):
+            for n, a in boxes_a.items():
+                b = boxes_b[n]
+                if a is None:
+                    continue
+                worst = max(worst, float((a.lo[1:] - b.lo[:-1]).max()),
+                            float((b.hi[:-1] - a.hi[1:]).max()))
+    return worst
+
+
+def test_nesting_survives_the_reviews_rounding_cases(monkeypatch):
+    """Two cases of an adversarial review, where the computed boxes of one-record
+    neighbours did not nest by an ulp (float64, two boxes per interval pass, Nesterov, a
+    far point) and by 2.8e-10 (float32, sgdm, k near the batch size) until every
+    transition carried the slack of agt/placement.py (Rounding)."""
+    import agt.training as training_mod
+    monkeypatch.setattr(training_mod._Trainer, "_budget_boxes_per_pass", lambda self, k: 2)
+    dp = blobs(37, seed=229)                                  # batches of 14, 14, 10
+    x, y = dp.x_train.copy(), dp.y_train.copy()
+    x[7] = [-44.50768321546063, -13.716892929808564, -39.60365966756412, -8.19472148508526,
+            -9.658086811427033, -15.92406917329805]
+    y[7] = 1 - y[7]
+    cfg = config(MLP, "cross_entropy", batch_size=14, n_epochs=3,
+                 clip_gamma=0.0148951212689003, learning_rate=0.4343748870202146,
+                 lr_decay=0.3, k_values=[0, 2, 8, 9], fragment_size=17, seed=88,
+                 optimizer="sgdm", momentum=0.7, nesterov=True, l2_reg=0.05,
+                 k_placement="per-epoch")
+    ka, kb = [], []
+    train(cfg, with_train(dp, x, y), bounds_callback=ka.append)
+    train(cfg, dp, bounds_callback=kb.append)
+    assert _step_excess(ka, kb) <= 0.0
+    monkeypatch.undo()
+
+    dp = blobs(50, seed=562)                                  # batches of 28, 22
+    x = dp.x_train.copy()
+    x[44] = x[22]
+    cfg = config(MLP, "cross_entropy", batch_size=28, n_epochs=1,
+                 clip_gamma=0.09169412855235032, learning_rate=0.2332192082476318,
+                 lr_decay=0.0, k_values=[0, 14, 15, 20, 25], dtype="float32", seed=54,
+                 optimizer="sgdm", momentum=0.8, k_placement="per-epoch")
+    ka, kb = [], []
+    a = train(cfg, with_train(dp, x, dp.y_train), bounds_callback=ka.append)
+    b = train(cfg, dp, bounds_callback=kb.append)
+    assert _step_excess(ka, kb) <= 0.0
+    for name in a.lower:
+        assert bool((b.lower[name][:-1] >= a.lower[name][1:]).all()
+                    and (b.upper[name][:-1] <= a.upper[name][1:]).all())
