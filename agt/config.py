@@ -56,6 +56,11 @@ K_PLACEMENTS = ("per-batch", "per-epoch")
 #: bound methods whose radii satisfy r(D') >= r(D) - 1 with a smooth selection rule
 #: (agt/training.py, `served_k0_box`, proves it for served-k0; agt/stability.py for the balls)
 SMOOTH_BOUND_METHODS = ("served-k0", "interval", "stability")
+#: placements whose computed boxes keep that property: "per-epoch" compares neighbours'
+#: boxes through the same number of replaced records on most batches, where the interval
+#: pass is isotone only up to rounding, and a review found ReLU mask decisions that break
+#: it (agt/placement.py, Rounding); its radii are valid certificates but not smooth
+SMOOTH_PLACEMENTS = ("per-batch",)
 DEFAULT_BOUND_METHOD = "served-k0"
 FULL = "full"
 MAX_SEED = 2**32

@@ -1,5 +1,8 @@
 """Interval boxes under a per-epoch placement budget (config ``k_placement: per-epoch``).
 
+Valid certificates, tighter on minibatches; no nesting proof for the computed boxes, so not
+for releases that spend radii (Rounding, below).
+
 The paper's interval pass (Thm 4.6 applied at every step) lets *every* batch hold up to k
 replaced records. Under replace-one the replaced records of a neighbour D'' occupy at most
 k fixed slots, and each epoch visits every slot once (batches are slots of a
@@ -28,10 +31,11 @@ the rounding of the nominal computation, agt/interval.py), so the run lies in
 Step_b(B_k[j], c), inside B_k[j + c]. An epoch meets each slot once, so the count restarts
 at 0 with S_k containing the run. QED
 
-Nesting (r(D') >= r(D) - 1). Let D' differ from D in one slot s, k' <= k - 1. Claim: at
-every step B'_{k'}[j] is inside B_k[j] while s has not been met in the current epoch, and
-inside B_k[j + 1] after it; and S'_{k'} inside S_k. The computed bounds are inclusion
-isotone in the box and, on a batch b' that differs from b in one record,
+Nesting (r(D') >= r(D) - 1, in real arithmetic). Let D' differ from D in one slot s,
+k' <= k - 1. Claim: at every step B'_{k'}[j] is inside B_k[j] while s has not been met in
+the current epoch, and inside B_k[j + 1] after it; and S'_{k'} inside S_k. The bounds are
+inclusion isotone in the box (the real-number pass; see Rounding) and, on a batch b' that
+differs from b in one record,
 Step_{b'}(X, c) lies inside Step_b(X, c + 1) (agt/topk.py: the nesting allowance 2 k w_k
 makes this hold for the computed bounds, not only for the real numbers). Batches without s
 are equal for D and D': B'_{k'}[j'] = hull_{j <= j'} Step_b(B'_{k'}[j], j' - j) is inside
@@ -40,7 +44,8 @@ the batch holding s, Step_{b'}(B'_{k'}[j], c) lies in Step_b(B_k[j], c + 1), a p
 B_k[j + c + 1]: the shift starts (j + c + 1 <= k' + 1 <= k). At the epoch end the hulls
 nest, so S'_{k'} lies in S_k, and so do the final boxes. This is the condition the
 interval method's smoothness proof rests on (box(D', g_{i-1}) inside box(D, g_i)), so the
-grid radii keep r(D') >= r(D) - 1. QED
+grid radii would keep r(D') >= r(D) - 1. QED for real arithmetic; for the computed boxes
+see Rounding.
 
 Rounding. The argument needs the computed bounds to be inclusion isotone in the box. Each
 operation is isotone in real arithmetic, but a computed one is only up to its rounding: an
@@ -58,10 +63,21 @@ larger u, which leaves it at least 2 w more: in later epochs kappa > kappa' (and
 against j' after s); in the first epoch both runs use the same chain, compare j' + 1 with
 j' once s was met, and before s are the same computation on the same batches (equal
 boxes, no slack needed, so state 0 of the first epoch, which holds the k = 0 box, carries
-none). Leaks up to 2 w per step are absorbed. This is the premise the
-per-batch path rests on too (isotonicity up to the allowance), not a proof of it; the
-tests check the computed boxes on neighbours, and the slack is about 1e-7 gamma (k + j')
-per step in float32, 1e-14 gamma in float64.
+none). Leaks up to 2 w per step are absorbed (fewer in the worst case: two sums of
+different multisets may already use up to 2 w_c of the a-priori allowance).
+
+Not proven, so not claimed: that the computed pass leaks at most that much. A second
+review built a sub-box whose computed ReLU mask flips from active to undecided (the
+pre-activation's lower bound 5e-17 on the box, -1.7e-16 on the sub-box), which widens one
+record's gradient bound to its whole clamp range, gamma / b in the mean: far beyond any
+rounding slack. The per-batch path compares k - 1 with k on every batch, so one such
+record per batch and parameter is absorbed by the spare replaced record; here most
+comparisons have no spare. So bundles trained with ``k_placement: per-epoch`` claim no
+nesting proof (`agt.store.Bundle.smooth_radii` is False, agt/config.py
+SMOOTH_PLACEMENTS): their certificates are valid (the validity argument above needs no
+isotonicity), and releases that spend radii refuse them. The slack stays: it removes the
+rounding-level failures the first review measured. It costs about 1e-7 gamma (k + j') per
+step in float32, 1e-14 gamma in float64.
 
 Widening the start boxes to be nested in k (cummin / cummax over the grid, as the
 paper path does each step) keeps both arguments: it only enlarges boxes, and it enlarges

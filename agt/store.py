@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from agt.version import __version__
-from agt.config import BOUND_METHODS, SMOOTH_BOUND_METHODS
+from agt.config import BOUND_METHODS, SMOOTH_BOUND_METHODS, SMOOTH_PLACEMENTS
 from agt.errors import BundleError, ConfigError
 from agt.io import atomic_write
 from agt.kgrid import KGrid
@@ -102,9 +102,11 @@ class Bundle:
     @property
     def smooth_radii(self) -> bool:
         """Whether radii from these bounds satisfy r(D') >= r(D) - 1 (a nesting proof
-        exists for the selection rule and the bound method that computed them)."""
+        exists for the selection rule, the bound method and the placement that computed
+        them)."""
         return self.selection in SMOOTH_SELECTIONS and \
-            self.bound_method in SMOOTH_BOUND_METHODS
+            self.bound_method in SMOOTH_BOUND_METHODS and \
+            self.config.get("k_placement", "per-batch") in SMOOTH_PLACEMENTS
 
     @property
     def protected_dataset_sha256(self) -> str:

@@ -33,7 +33,8 @@ to k replaced records; "per-epoch" lets the batches of one epoch hold at most k 
 which is what a replace-one neighbour does (agt/placement.py: a dynamic programme over the
 replaced records met so far in the epoch). Tighter on minibatches, the same boxes with one
 batch per epoch, and it costs sum over the grid of (k + 1) boxes per step after the first
-epoch instead of one per grid value.
+epoch instead of one per grid value. Its radii are valid but claim no nesting proof for
+the computed boxes (so no release that spends radii uses them; agt/placement.py).
 
 Neighbouring relations certified. Batches are a function of the record index, so replacing
 up to k records keeps every batch slot: every bundle certifies ``replace-one``. When every

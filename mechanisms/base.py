@@ -97,9 +97,10 @@ class Mechanism(ABC):
             if not inputs.source.smooth_radii:
                 problems.add(
                     f"{self.name} needs radii with r(D') >= r(D) - 1 on neighbours, which "
-                    f"the selection rule '{inputs.source.selection}' of these bounds does "
-                    f"not prove; retrain with selection: exact (or use a mechanism that "
-                    f"spends no radii: gs, lnmax, ens-ptr-votes)")
+                    f"the bounds behind these inputs do not prove (selection rule "
+                    f"'{inputs.source.selection}'; or trained with k_placement: per-epoch); "
+                    f"retrain with selection: exact and k_placement: per-batch (or use a "
+                    f"mechanism that spends no radii: gs, lnmax, ens-ptr-votes)")
         problems.raise_if_any()
 
     def guarantee_for(self, inputs, relation: str) -> Guarantee:

@@ -262,3 +262,26 @@ def test_nesting_survives_the_reviews_rounding_cases(monkeypatch):
     for name in a.lower:
         assert bool((b.lower[name][:-1] >= a.lower[name][1:]).all()
                     and (b.upper[name][:-1] <= a.upper[name][1:]).all())
+
+
+def test_per_epoch_radii_are_valid_but_not_smooth():
+    """A second review built a sub-box whose computed ReLU mask flips (pre-activation lower
+    bound 5e-17 on the box, -1.7e-16 on the sub-box), so the same-c comparisons of the
+    nesting argument can leak a whole record's gradient range: per-epoch bundles claim no
+    nesting proof, and the releases that spend radii refuse them while the others do not."""
+    import mechanisms
+    from agt.certify import Certifier
+    from agt.errors import PrivacyError
+    from agt.store import from_result
+    ds = blobs(120, seed=4)
+    cfg = config(LOGISTIC_CE, "cross_entropy", batch_size=30, n_epochs=1, k_values="0..4",
+                 k_placement="per-epoch")
+    bundle = from_result(train(cfg, ds))
+    assert not bundle.smooth_radii
+    assert from_result(train(cfg.replace(k_placement="per-batch"), ds)).smooth_radii
+    cert = Certifier(bundle).certify(ds.x_test)
+    assert not cert.smooth_radii and (cert.max_certified_k >= 1).any()
+    inputs = mechanisms.Certified.from_certificate(cert)
+    with pytest.raises(PrivacyError, match="k_placement: per-epoch"):
+        mechanisms.make_mechanism("exp-radius", 1.0).check(inputs)
+    mechanisms.make_mechanism("gs", 1.0).check(inputs)
