@@ -310,8 +310,8 @@ def config_from_dict(raw: Any) -> TrainConfig:
                          "k_boxes: ball no interval pass runs (set k_boxes: interval or remove "
                          "k_placement)")
         if selection != "exact":
-            problems.add("k_placement: per-epoch uses the exact top-k rule (its nesting proof "
-                         "needs it); remove selection: threshold")
+            problems.add("k_placement: per-epoch computes its boxes with the exact top-k "
+                         "rule; remove selection: threshold")
     if bound_method == "stability":
         _check_stability(model, optimizer, momentum, gamma_, norm_bound, clip_norm,
                          k_boxes, problems, norm_given=raw.get("input_norm_bound") is not None,

@@ -133,6 +133,12 @@ class Interval:
 # Monotone maps: exact on the endpoints (ReLU, clamp are exact in floating point too).
 # ----------------------------------------------------------------------------------------
 
+def nested_along_first(box: Interval) -> Interval:
+    """The smallest widening whose slices along dimension 0 are nested, slice i inside
+    slice i + 1 (running min of lo, running max of hi): boxes of a k grid made nested in k."""
+    return Interval(torch.cummin(box.lo, dim=0).values, torch.cummax(box.hi, dim=0).values)
+
+
 def relu(x: Interval) -> Interval:
     return Interval(x.lo.clamp_min(0.0), x.hi.clamp_min(0.0))
 

@@ -99,7 +99,7 @@ from typing import Callable
 import torch
 
 from agt.errors import SoundnessError
-from agt.interval import BOUND_DTYPE, Interval
+from agt.interval import BOUND_DTYPE, Interval, nested_along_first
 
 #: evaluate(theta boxes (G, ...), velocity boxes (G, ...) or None, c (L,), group (L,),
 #: buffers (G,), cap, units (L,)) -> (theta (L, ...), velocity (L, ...) or None):
@@ -242,8 +242,9 @@ class EpochBudgetBoxes:
         """Restart the budget: every grid value gets its own chain, starting from its k-box
         (widened to be nested in k, module docstring)."""
         theta, velocity = self.boxes()
-        theta = {n: _nested_in_k(b) for n, b in theta.items()}
-        velocity = None if velocity is None else {n: _nested_in_k(b) for n, b in velocity.items()}
+        theta = {n: nested_along_first(b) for n, b in theta.items()}
+        velocity = None if velocity is None else {n: nested_along_first(b)
+                                                  for n, b in velocity.items()}
         self.chains = []
         for m, k in enumerate(self.k_values):
             row = slice(m, m + 1)
@@ -259,7 +260,3 @@ def _hull_into(lo: torch.Tensor, hi: torch.Tensor, box: Interval, target: torch.
     index = target.to(lo.device).view(-1, *([1] * (lo.dim() - 1))).expand_as(box.lo)
     lo.scatter_reduce_(0, index, box.lo, reduce="amin")
     hi.scatter_reduce_(0, index, box.hi, reduce="amax")
-
-
-def _nested_in_k(box: Interval) -> Interval:
-    return Interval(torch.cummin(box.lo, dim=0).values, torch.cummax(box.hi, dim=0).values)

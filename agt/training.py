@@ -62,7 +62,7 @@ from agt.bounded.network import Network
 from agt.config import TrainConfig
 from agt.data import Dataset, validate_dataset
 from agt.errors import ConfigError, DataError, SoundnessError
-from agt.interval import BOUND_DTYPE, FloatModel, Interval
+from agt.interval import BOUND_DTYPE, FloatModel, Interval, nested_along_first
 from agt.models import ModelSpec, infer_shapes, init_params
 from agt.optim import UpdateRule, round_to
 from agt.placement import EpochBudgetBoxes
@@ -625,7 +625,7 @@ def check_labels(ds: Dataset, n_classes: int) -> None:
 def _monotone_in_k(box: Interval) -> Interval:
     """Make boxes nested in k (box(k) inside box(k+1)): a sound widening, exact in exact
     arithmetic where the top-k rule is already monotone; removes rounding artefacts."""
-    return Interval(torch.cummin(box.lo, dim=0).values, torch.cummax(box.hi, dim=0).values)
+    return nested_along_first(box)
 
 
 def _check_contains(boxes: dict[str, Interval], theta: dict[str, torch.Tensor], step: int) -> None:
