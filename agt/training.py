@@ -493,8 +493,8 @@ class _Trainer:
             use_thresholds = interval_pass and cfg.selection == "threshold"
             direction, stats = self.nominal_direction(
                 theta, idx, k_max=int(k_tensor.max()) if use_thresholds else 0)
-            if budget is not None:
-                boxes, vboxes = _budget_hulls(budget)
+            # with the placement budget, boxes / vboxes are its hulls, taken after the
+            # previous update (at step 0 the exact initial boxes, which equal them)
             if interval_pass and bounds_callback is not None:
                 bounds_callback(StepBounds(step, batch, lr, boxes, vboxes))
             if interval_pass:

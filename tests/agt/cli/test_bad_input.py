@@ -280,28 +280,19 @@ def predict_on_a_copied_ledger(world, tmp_path, capsys) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
-def test_a_failure_after_the_spend_says_the_budget_was_spent(world, capsys, tmp_path,
-                                                              monkeypatch):
+@pytest.mark.parametrize("failure,rc,phrase", [
+    (OSError(28, "No space left on device"), 2, "No space left"),
+    (KeyboardInterrupt(), 130, "interrupted"),
+])
+def test_a_failure_or_interrupt_after_the_spend_says_the_budget_was_spent(
+        world, capsys, tmp_path, monkeypatch, failure, rc, phrase):
     import agt.io as io
 
-    def disk_full(path, writer, **options):
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(io, "atomic_write", disk_full)
-    rc, err = predict_on_a_copied_ledger(world, tmp_path, capsys)
-    assert rc == 2 and "budget spent" in err and "No space left" in err
-    with Ledger.open(tmp_path / "l.db") as ledger:
-        assert len(ledger.entries()) == 10
-
-
-def test_an_interrupt_after_the_spend_says_the_budget_was_spent(world, capsys, tmp_path,
-                                                                 monkeypatch):
-    import agt.io as io
-
-    def interrupted(path, writer, **options):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(io, "atomic_write", interrupted)
-    rc, err = predict_on_a_copied_ledger(world, tmp_path, capsys)
-    assert rc == 130 and "interrupted" in err and "budget spent" in err
+    def failing_write(path, writer, **options):
+        raise failure
+    monkeypatch.setattr(io, "atomic_write", failing_write)
+    got_rc, err = predict_on_a_copied_ledger(world, tmp_path, capsys)
+    assert got_rc == rc and "budget spent" in err and phrase in err
     with Ledger.open(tmp_path / "l.db") as ledger:
         assert len(ledger.entries()) == 10
 
