@@ -82,6 +82,7 @@ class Certifier:
         self.dtype = torch_dtype(bundle.dtype)
         self.fm = FloatModel(self.dtype)
         self.k_values = tuple(bundle.k_values)
+        self.k_float = torch.tensor(self.k_values, dtype=BOUND_DTYPE, device=self.device)
         self.contiguous = bundle.k_grid.contiguous
         if served is not None:
             check_served_model(bundle, served)
@@ -222,8 +223,19 @@ class Certifier:
     def _box_certified(self, feats, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Whether query q is certified in box j[q] (one box per query). feats: exact (Q, ...)
         or Interval (1, Q, ...)."""
-        Q = pred.shape[0]
         params = {n: Interval(self.lower[n][j], self.upper[n][j]) for n in self.trainable}
+        return self.margin_lower_bound(feats, pred, params, self.fm.graded(self.k_float[j])) > 0
+
+    def margin_lower_bound(self, feats, pred: torch.Tensor, params: dict[str, Interval],
+                           fm: FloatModel) -> torch.Tensor:
+        """Per query q, a lower bound on the served model's margin of its predicted class
+        (the logit for a prediction of 1 and minus it for 0; min over other classes of
+        z_pred - z_c) over the parameter box ``params`` (one box per query, leading
+        dimension Q). The box test grades each query's pass by its box's k
+        (agt/interval.py), so the computed bound is isotone in the box: a box inside it
+        tested at a smaller k, such as box(D', k - 1) of a neighbour, or box j - 1 of the
+        same bundle (the binary search's premise), gets a bound at least as large."""
+        Q = pred.shape[0]
         if isinstance(feats, Interval):
             x_box = Interval(feats.lo[0].unsqueeze(1), feats.hi[0].unsqueeze(1))  # (Q, 1, ...)
         else:
@@ -232,21 +244,21 @@ class Certifier:
         for idx, layer in enumerate(self.body.layers):
             gidx = self.body.first + idx
             lp = {s: params[f"{gidx}.{s}"] for s in ("weight", "bias") if f"{gidx}.{s}" in params}
-            h, _ = rule_for(layer).forward_bounds(layer, lp, h, self.fm)
+            h, _ = rule_for(layer).forward_bounds(layer, lp, h, fm)
         h = h.map(lambda t: t[:, 0])                                           # (Q, in)
         W = params[f"{self.last}.weight"]                                      # (Q, C, in)
         bias = params.get(f"{self.last}.bias")
         if self.n_logits == 1:
-            z = iv.mul(W[:, 0], h, self.fm)
-            z = iv.sum_intervals(z, -1, self.fm)
+            z = iv.mul(W[:, 0], h, fm)
+            z = iv.sum_intervals(z, -1, fm)
             if bias is not None:
-                z = iv.add(z, bias[:, 0], self.fm)
-            return torch.where(pred == 1, z.lo > 0, z.hi < 0)
+                z = iv.add(z, bias[:, 0], fm)
+            return torch.where(pred == 1, z.lo, -z.hi)
         ar = torch.arange(Q, device=pred.device)
         wc = W[ar, pred]                                                       # (Q, in)
         diff = Interval(wc.lo[:, None, :] - W.hi, wc.hi[:, None, :] - W.lo)   # (Q, C, in)
         hh = h.map(lambda t: t[:, None, :])
-        margin = iv.sum_intervals(iv.mul(diff, hh, self.fm), -1, self.fm)      # (Q, C)
+        margin = iv.sum_intervals(iv.mul(diff, hh, fm), -1, fm)      # (Q, C)
         mag = ((wc.magnitude()[:, None, :] + W.magnitude()) * hh.magnitude()).sum(-1)
         lo = margin.lo
         if bias is not None:
@@ -255,10 +267,10 @@ class Certifier:
             mag = mag + bc.magnitude()[:, None] + bias.magnitude()
         # the served model rounds z_c and z_j separately: widen for both computations
         n_in = W.shape[-1]
-        lo = lo - 2.0 * (mag * self.fm.coeff(n_in + 2) + self.fm.absolute(n_in + 2))
-        others = torch.ones_like(lo, dtype=torch.bool)
-        others[ar, pred] = False
-        return torch.where(others, lo > 0, torch.ones_like(others)).all(dim=-1)
+        lo = lo - 2.0 * (mag * fm.coeff(n_in + 2) + fm.absolute(n_in + 2)
+                         + fm.graded_extra(lo, mag, n_in + 2))
+        lo[ar, pred] = torch.inf
+        return lo.min(dim=-1).values
 
     def _query_chunk(self) -> int:
         p = sum(int(self.lower[n][0].numel()) for n in self.trainable)

@@ -61,6 +61,9 @@ SMOOTH_BOUND_METHODS = ("served-k0", "interval", "stability")
 #: pass is isotone only up to rounding, and a review found ReLU mask decisions that break
 #: it (agt/placement.py, Rounding); its radii are valid certificates but not smooth
 SMOOTH_PLACEMENTS = ("per-batch",)
+#: the first version whose interval passes are graded (agt/interval.py): the computed boxes
+#: of earlier bundles nest only where the float64 pass happened to be isotone
+GRADED_SINCE = (0, 3, 6)
 DEFAULT_BOUND_METHOD = "served-k0"
 FULL = "full"
 MAX_SEED = 2**32

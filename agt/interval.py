@@ -20,6 +20,33 @@ for the float64 bound computation itself, each with headroom.
 
 `Interval` is the one value type of the tensor core (STYLE.md, pattern 1): a frozen pair
 ``lo <= hi`` of tensors of equal shape.
+
+Graded widening (nesting in floating point). The smooth radius needs the boxes of
+neighbours to nest, box(D', k - 1) inside box(D, k), for the *computed* boxes. Each
+operation's formula is inclusion isotone in exact arithmetic, and the computation is not:
+for sub-boxes A of B the float64 results can leave B's by rounding (a midpoint rounded the
+other way), and a ReLU mask decided on B but undecided on A turns one ulp into a whole
+gradient range. A `FloatModel` with a *grade* g per box (its k, `FloatModel.graded`) adds
+``GRADE_FACTOR g`` times the float64 part of the rounding bound to every widening. Lemma:
+if A lies inside B (in floats) and the grades satisfy g_A <= g_B - 1, the computed result
+of an operation on A at g_A lies inside its computed result on B at g_B. Proof for the
+lower end (the upper is symmetric): let L be the exact formula, e_X the float64 error of
+its evaluation on X and w_X the float64 part of X's rounding bound, with e_X <= w_X (the
+accounting behind `coeff`; the lemma allows e_X <= 4 w_X) and w_A <= w_B (1 + eps), eps
+the relative rounding of a magnitude that is isotone in exact arithmetic. Then with
+c = GRADE_FACTOR the computed lower ends satisfy
+
+    lo_A >= L(A) - e_A - W_A - (1 + c g_A) w_A >= L(B) - e_A - W_B' - (1 + c (g_B - 1)) w_A
+    lo_B <= L(B) + e_B - W_B - (1 + c g_B) w_B,
+
+(W the nominal dtype's part, isotone up to the same eps) so lo_A >= lo_B once
+e_A + e_B + (1 + c (g_B - 1)) w_A <= (1 + c g_B) w_B - eps W_B, which holds for c = 8
+(4 w + 4 w <= 8 w, and eps (1 + c g_B) is below 1e-9 for every k grid agt accepts). The
+final subtraction fl(x - y) is monotone in x and y, so the ordering survives its rounding.
+Operations that round only monotonically (four-corner products, relu, clamp, masks,
+selections, the outward casts) are isotone in floating point outright, so a chain of
+graded and monotone operations maps nested boxes to nested boxes with no assumption on
+summation order or determinism of the kernels.
 """
 
 from __future__ import annotations
@@ -43,19 +70,38 @@ def gamma(n: int | float, u: float) -> float:
     return nu / (1.0 - nu)
 
 
-@dataclass(frozen=True)
+#: Multiple of the float64 rounding bound added per unit of grade (module docstring).
+GRADE_FACTOR = 8.0
+
+
+@dataclass(frozen=True, eq=False)
 class FloatModel:
     """Rounding model of the nominal computation (dtype) plus the float64 bound computation.
 
     ``coeff(n)`` is the relative error coefficient to apply to the magnitude bound of an
-    operation with ``n`` rounded terms; ``absolute(n)`` covers underflow.
+    operation with ``n`` rounded terms; ``absolute(n)`` covers underflow. ``grade``: None,
+    or a float64 tensor (G,) with one grade per box of the leading dimension of every
+    widened result (module docstring, graded widening).
     """
 
     nominal_dtype: torch.dtype
+    grade: torch.Tensor | None = None
 
     @property
     def unit_roundoff(self) -> float:
         return torch.finfo(self.nominal_dtype).eps / 2.0
+
+    def graded(self, grade) -> "FloatModel":
+        """This model with one grade per box (the boxes' distances k)."""
+        g = torch.as_tensor(grade, dtype=BOUND_DTYPE)
+        if g.dim() != 1 or not bool((g >= 0).all()):
+            raise SoundnessError(f"grades must be a vector of non-negative numbers, got {g}")
+        return FloatModel(self.nominal_dtype, g)
+
+    @staticmethod
+    def coeff64(n_terms: int | float) -> float:
+        """The float64 part of `coeff`: rounding of the bound computation itself."""
+        return gamma(3 * n_terms + 8, _U64) * (1.0 + 1e-6) + 4 * _U64
 
     def coeff(self, n_terms: int | float) -> float:
         # nominal rounding (n + 2 roundings per term covers the products, the sum and a
@@ -63,13 +109,36 @@ class FloatModel:
         c = gamma(n_terms + 2, self.unit_roundoff) + gamma(3 * n_terms + 8, _U64)
         return c * (1.0 + 1e-6) + 4 * _U64
 
+    @staticmethod
+    def absolute64(n_terms: int | float) -> float:
+        return (n_terms + 2) * _TINY64 * 2.0
+
     def absolute(self, n_terms: int | float) -> float:
         return (n_terms + 2) * (torch.finfo(self.nominal_dtype).tiny + _TINY64) * 2.0
 
+    def grade_like(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The grades shaped to broadcast against ``t`` (leading dimension: the boxes)."""
+        if self.grade is None:
+            return None
+        g = self.grade.to(t.device)
+        if t.dim() == 0 or t.shape[0] != g.shape[0]:
+            raise SoundnessError(f"internal: {g.shape[0]} grades for a result of shape "
+                                 f"{tuple(t.shape)}")
+        return g.view(-1, *([1] * (t.dim() - 1)))
+
+    def graded_extra(self, t: torch.Tensor, mag, n_terms: int | float):
+        """The graded part of the widening of a result shaped like ``t`` (0 ungraded)."""
+        g = self.grade_like(t)
+        if g is None:
+            return 0.0
+        return GRADE_FACTOR * g * (mag * self.coeff64(n_terms) + self.absolute64(n_terms))
+
     def widen(self, lo: torch.Tensor, hi: torch.Tensor, mag: torch.Tensor | float,
               n_terms: int | float) -> "Interval":
-        """Outward-widen [lo, hi] by the rounding bound for a result of magnitude <= mag."""
+        """Outward-widen [lo, hi] by the rounding bound for a result of magnitude <= mag
+        (plus the graded part, module docstring)."""
         w = mag * self.coeff(n_terms) + self.absolute(n_terms)
+        w = w + self.graded_extra(lo, mag, n_terms)
         return Interval(lo - w, hi + w)
 
 

@@ -70,9 +70,11 @@ Not proven, so not claimed: that the computed pass leaks at most that much. A se
 review built a sub-box whose computed ReLU mask flips from active to undecided (the
 pre-activation's lower bound 5e-17 on the box, -1.7e-16 on the sub-box), which widens one
 record's gradient bound to its whole clamp range, gamma / b in the mean: far beyond any
-rounding slack. The per-batch path compares k - 1 with k on every batch, so one such
-record per batch and parameter is absorbed by the spare replaced record; here most
-comparisons have no spare. So bundles trained with ``k_placement: per-epoch`` claim no
+rounding slack. The per-batch path grades every interval pass by its box's k
+(agt/interval.py, graded widening), which absorbs such leaks; here the passes are not
+graded (grading them by u would leave the first epoch before the changed record, where
+both runs compare one computation with itself at the same grade, to run-to-run
+determinism of the kernels). So bundles trained with ``k_placement: per-epoch`` claim no
 nesting proof (`agt.store.Bundle.smooth_radii` is False, agt/config.py
 SMOOTH_PLACEMENTS): their certificates are valid (the validity argument above needs no
 isotonicity), and releases that spend radii refuse them. The slack stays: it removes the

@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ import numpy as np
 import torch
 
 from agt.version import __version__
-from agt.config import BOUND_METHODS, SMOOTH_BOUND_METHODS, SMOOTH_PLACEMENTS
+from agt.config import (BOUND_METHODS, GRADED_SINCE, SMOOTH_BOUND_METHODS,
+                        SMOOTH_PLACEMENTS, SMOOTH_SELECTIONS)
 from agt.errors import BundleError, ConfigError
 from agt.io import atomic_write
 from agt.kgrid import KGrid
@@ -53,7 +55,6 @@ ROUNDING_NOTE = ("float64 bounds widened outward by a-priori rounding-error boun
                  "nominal dtype and of float64 (agt/interval.py)")
 RELATIONS = ("replace-one", "add-remove")
 SELECTIONS = ("exact", "threshold")
-SMOOTH_SELECTIONS = ("exact",)
 #: what a bundle written before the bound_method attribute existed used
 LEGACY_BOUND_METHOD = "interval"
 #: the L2 radius per k of bound method "stability" (agt/stability.py)
@@ -62,6 +63,17 @@ _STRING_ATTRS = ("format", "config", "model", "dataset_sha256", "created", "agt_
                  "relations", "dtype", "bound_dtype", "rounding", "selection", "parent",
                  "content_sha256")
 _INT_ATTRS = ("format_version", "n_train")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """(major, minor, patch) of an agt version string; (0,) when it does not parse."""
+    parts = []
+    for piece in str(version).split(".")[:3]:
+        lead = re.match(r"\d+", piece)
+        if lead is None:
+            break
+        parts.append(int(lead.group()[:6]))
+    return tuple(parts) if parts else (0,)
 
 
 @dataclass
@@ -106,7 +118,16 @@ class Bundle:
         them)."""
         return self.selection in SMOOTH_SELECTIONS and \
             self.bound_method in SMOOTH_BOUND_METHODS and \
-            self.config.get("k_placement", "per-batch") in SMOOTH_PLACEMENTS
+            self.config.get("k_placement", "per-batch") in SMOOTH_PLACEMENTS and \
+            self.graded_boxes
+
+    @property
+    def graded_boxes(self) -> bool:
+        """Whether the boxes' computed nesting is proven: no interval pass (k_boxes: ball),
+        or passes graded by k (agt/interval.py; agt >= 0.3.6)."""
+        if self.config.get("k_boxes", "interval") != "interval":
+            return True
+        return _version_tuple(self.agt_version) >= GRADED_SINCE
 
     @property
     def protected_dataset_sha256(self) -> str:

@@ -287,7 +287,10 @@ class _Trainer:
                        idx: torch.Tensor, shared: bool, stats=None) -> dict[str, Interval]:
         """Interval of the clamped mean gradient for every box (K, ...), batch ``idx``.
 
-        ``shared``: all K boxes are identical; one interval pass serves every k.
+        ``shared``: all K boxes are identical; under the threshold rule one interval pass
+        serves every k. The exact rule grades each box's pass by its k (agt/interval.py:
+        computed boxes of neighbours nest without an assumption on the kernels), so it
+        runs one pass per k also on the first step.
         ``stats``: nominal top-k buffers -> threshold rule (selection: threshold)."""
         K = k_values.shape[0]
         if stats is not None:
@@ -296,19 +299,16 @@ class _Trainer:
                                  k_values)
             taus = {n: order_statistics(acc, k_frag) for n, acc in stats.items()}
 
-            def bound_pass(sub_boxes, g0, g1, shared_box):
+            def bound_pass(sub_boxes, g0, g1):
                 sub_taus = {n: (t[0][g0:g1], t[1][g0:g1]) for n, t in taus.items()}
                 return self._threshold_pass(sub_boxes, k_values[g0:g1], idx, sub_taus)
         else:
-            def bound_pass(sub_boxes, g0, g1, shared_box):
+            def bound_pass(sub_boxes, g0, g1):
                 ks = k_values[g0:g1]
-                if shared_box:   # one box, one buffer of the largest k: prefix sums give all
-                    return self._group_pass(sub_boxes, ks, idx, torch.zeros(g1 - g0, dtype=torch.int64),
-                                            [int(ks.max())])
-                return self._group_pass(sub_boxes, ks, idx, None, ks.tolist())
-        if shared:
-            return bound_pass({n: box[:1] for n, box in boxes.items()}, 0, K, True)
-        parts = [bound_pass({n: box[g0:g1] for n, box in boxes.items()}, g0, g1, False)
+                return self._group_pass(sub_boxes, ks, idx, None, ks.tolist(), grade=ks)
+        if shared and stats is not None:
+            return bound_pass({n: box[:1] for n, box in boxes.items()}, 0, K)
+        parts = [bound_pass({n: box[g0:g1] for n, box in boxes.items()}, g0, g1)
                  for g0, g1 in self._groups(k_values, len(idx), buffers=stats is None)]
         return {n: Interval(torch.cat([p[n].lo for p in parts]), torch.cat([p[n].hi for p in parts]))
                 for n in boxes}
@@ -342,25 +342,28 @@ class _Trainer:
         self._stream_bounds(boxes, idx, accs, n_groups=k_values.shape[0])
         return {n: self._reshape(n, acc.bounds(self.fm)) for n, acc in accs.items()}
 
-    def _group_pass(self, boxes, k_values, idx, group_index, k_buffers):
+    def _group_pass(self, boxes, k_values, idx, group_index, k_buffers, grade=None):
         """Exact top-k rule for the distances ``k_values`` of G boxes (group_index maps each
-        distance to its box; None: one box each); ``k_buffers``: top-k buffer size per box."""
+        distance to its box; None: one box each); ``k_buffers``: top-k buffer size per box;
+        ``grade`` (G,): the grade of each box's interval pass (agt/interval.py), or None."""
         G = next(iter(boxes.values())).shape[0]
         accs = {n: DescentAccumulator(G, self.init[n].numel(), k_buffers, self.gamma, self.device,
                                       self.dtype)
                 for n in self.trainable}
-        self._stream_bounds(boxes, idx, accs, n_groups=G)
+        fm = self.fm if grade is None else self.fm.graded(grade)
+        self._stream_bounds(boxes, idx, accs, n_groups=G, fm=fm)
         return {n: self._reshape(n, acc.bounds(k_values, self.fm, group_index))
                 for n, acc in accs.items()}
 
-    def _stream_bounds(self, boxes, idx, accs, n_groups: int) -> None:
+    def _stream_bounds(self, boxes, idx, accs, n_groups: int, fm: FloatModel | None = None) -> None:
         """Feed the per-sample gradient bounds of batch ``idx`` to the accumulators,
         fragment by fragment and in parameter-row chunks sized to the memory budget."""
         frag = self.cfg.fragment_size
+        fm = self.fm if fm is None else fm
         for f0 in range(0, len(idx), frag):
             fidx = idx[f0:f0 + frag]
             sources = self.net.grads_bounds(boxes, self._bound_inputs(fidx), self.y[fidx],
-                                            self.cfg.loss, self.fm)
+                                            self.cfg.loss, fm)
             for name, src in sources.items():
                 for r0, r1 in self._row_chunks(src, len(fidx), n_groups):
                     accs[name].add(r0 * src.row_size, r1 * src.row_size, src.samples_last(r0, r1))

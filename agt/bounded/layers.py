@@ -214,8 +214,12 @@ class Conv2dRule:
                               padding=layer.padding, stride=layer.stride)
 
             n_overlap = layer.kernel * layer.kernel
-            folded = fm.widen(fold(gp.lo), fold(gp.hi), fold(gp.magnitude()), n_overlap)
-            grad_in = folded.map(lambda t: t.reshape(g, b, *t.shape[1:]))
+
+            def boxes_first(t):             # (G b, ...) -> (G, b, ...): grades per box
+                return t.reshape(g, b, *t.shape[1:])
+
+            grad_in = fm.widen(boxes_first(fold(gp.lo)), boxes_first(fold(gp.hi)),
+                               boxes_first(fold(gp.magnitude())), n_overlap)
         exact_patches = not isinstance(patches, Interval)
         ckk = patches.shape[-2]
 

@@ -21,15 +21,16 @@ from __future__ import annotations
 import torch
 
 from agt.errors import ConfigError
-from agt.interval import BOUND_DTYPE, FloatModel, Interval
+from agt.interval import BOUND_DTYPE, GRADE_FACTOR, FloatModel, Interval
 
 _TRANSCENDENTAL_ULPS = 16
 
 
-def transcendental_slack(fm: FloatModel, n_classes: int) -> float:
-    """Absolute error allowed for a nominal (or float64) softmax/sigmoid output in [0, 1]."""
+def transcendental_slack(fm: FloatModel, n_classes: int, nominal: bool = True) -> float:
+    """Absolute error allowed for a nominal (or float64) softmax/sigmoid output in [0, 1];
+    ``nominal=False``: the float64 evaluation's share alone (what grading multiplies)."""
     u64 = 2.0**-53
-    per_op = _TRANSCENDENTAL_ULPS * (fm.unit_roundoff + u64)
+    per_op = _TRANSCENDENTAL_ULPS * ((fm.unit_roundoff if nominal else 0.0) + u64)
     return (n_classes + 4) * 2.0 * per_op
 
 
@@ -82,6 +83,11 @@ def loss_grad_bounds(loss: str, z: Interval, y: torch.Tensor, fm: FloatModel) ->
         lo_p, hi_p = softmax_bounds(z)
         onehot = torch.nn.functional.one_hot(y, n_classes).to(BOUND_DTYPE)[None]
         lo, hi = lo_p - onehot, hi_p - onehot
+    # graded boxes (agt/interval.py): the formulas above are isotone in the logit box, and
+    # their float64 evaluation is within the float64 share of the slack
+    g = fm.grade_like(lo)
+    if g is not None:
+        slack = slack + GRADE_FACTOR * g * transcendental_slack(fm, n_classes, nominal=False)
     return Interval(lo - slack, hi + slack)
 
 

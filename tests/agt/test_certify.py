@@ -134,3 +134,62 @@ def test_served_model_must_match_bundle():
     other = bundle_for(LOGISTIC_CE, "cross_entropy", ds)
     with pytest.raises(BundleError, match="architecture"):
         check_served_model(other, module)
+
+
+@pytest.mark.parametrize("model,loss,data,leaks", [
+    (LOGISTIC_CE, "cross_entropy", "blobs", False), (MLP_BCE, "binary_cross_entropy", "blobs", True),
+    (MLP, "cross_entropy", "blobs", True), (CONV, "cross_entropy", "images", True)])
+def test_box_test_is_isotone_in_the_box_when_graded(model, loss, data, leaks):
+    """The certifier's margin bound on a sub-box tested at k - 1 is at least the box's at
+    k, exactly, for sub-boxes a few ulps inside (agt/interval.py, graded widening): so a
+    query certified in box(D, k) is certified in box(D', k - 1), as computed. Ungraded
+    (the weakened version) the same sub-boxes get smaller bounds by rounding once a hidden
+    layer's midpoint-radius product is in the pass; a linear model's margin uses only
+    monotone roundings (four-corner products, fixed-order sums) and never leaks."""
+    from agt.interval import Interval
+    from tests.agt.bounded.test_graded import _nudged_sub_box
+    ds = blobs(300, seed=23) if data == "blobs" else images(150, seed=23)
+    b = bundle_for(model, loss, ds, n_epochs=2, k_values=[0, 1, 3, 12])
+    c = Certifier(b)
+    xq = c._check_queries(ds.x_test)
+    feats = c._features(xq)
+    with torch.no_grad():
+        pred = torch.as_tensor(c.predict(ds.x_test))
+    gen = torch.Generator().manual_seed(5)
+    Q = xq.shape[0]
+    worst_plain = 0.0
+    for j in [1, 2, 3] * 3:
+        outer = {n: Interval(c.lower[n][j].expand(Q, *c.lower[n].shape[1:]),
+                             c.upper[n][j].expand(Q, *c.upper[n].shape[1:])) for n in c.trainable}
+        inner = {n: _nudged_sub_box(gen, box) for n, box in outer.items()}
+        k = float(b.k_values[j])
+        m_out = c.margin_lower_bound(feats, pred, outer, c.fm.graded([k] * Q))
+        m_in = c.margin_lower_bound(feats, pred, inner, c.fm.graded([k - 1] * Q))
+        assert bool((m_in >= m_out).all()), f"box {j}: {float((m_out - m_in).max()):.3e}"
+        plain_out = c.margin_lower_bound(feats, pred, outer, c.fm)
+        plain_in = c.margin_lower_bound(feats, pred, inner, c.fm)
+        worst_plain = max(worst_plain, float((plain_out - plain_in).max()))
+    assert (worst_plain > 0.0) == leaks
+
+
+def test_bundles_without_graded_passes_claim_no_smooth_radii():
+    """Bundles of agt < 0.3.6 were trained with ungraded interval passes: their boxes are
+    valid, their computed nesting is not proven, so releases that spend radii refuse them
+    (with the reason); ball boxes (no interval pass) keep their own proof."""
+    import dataclasses
+    import mechanisms
+    from agt.errors import PrivacyError
+    ds = blobs(120, seed=4)
+    b = bundle_for(LOGISTIC_CE, "cross_entropy", ds, n_epochs=1, k_values="0..3")
+    assert b.smooth_radii and b.graded_boxes
+    old = dataclasses.replace(b, agt_version="0.3.5")
+    assert not old.smooth_radii and not old.graded_boxes
+    assert dataclasses.replace(b, agt_version="0.10.0").smooth_radii
+    cert = Certifier(old).certify(ds.x_test)
+    assert not cert.smooth_radii
+    inputs = mechanisms.Certified.from_certificate(cert)
+    with pytest.raises(PrivacyError, match="agt < 0.3.6"):
+        mechanisms.make_mechanism("exp-radius", 1.0).check(inputs)
+    mechanisms.make_mechanism("gs", 1.0).check(inputs)
+    ball = dataclasses.replace(old, config={**old.config, "k_boxes": "ball"})
+    assert ball.graded_boxes

@@ -518,6 +518,48 @@ def test_computed_boxes_nest_on_neighbours_at_every_step(dtype):
                     f"trial {trial}, step {s1.step}, {name}: box(D', k - 1) leaves box(D, k)"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("batch", [23, "full"])
+def test_relu_boxes_nest_exactly_on_neighbours_at_every_step(dtype, batch):
+    """The same claim for a ReLU network, where a rounding-level leak can flip a mask and
+    open a record's gradient bound to its whole clamp range: every interval pass is graded
+    by its box's k (agt/interval.py), so the computed boxes nest with no tolerance, on
+    the first step too (one pass per k, not one shared pass). Neighbours: a flipped label,
+    a far point, a duplicate, and (one batch) a record fewer and one more. (A mask flip
+    needs a box end within rounding of a kink; tests/agt/bounded/test_graded.py builds
+    one, and its pass-level tests are the ones that fail without grading. This one checks
+    the training loop end to end with no tolerance.)"""
+    ds = blobs(120, seed=5)
+    cfg = config(MLP, n_epochs=2, batch_size=batch, clip_gamma=0.2, learning_rate=0.5,
+                 k_values="0..6", dtype=dtype, seed=3)
+    kept = []
+    train(cfg, ds, bounds_callback=kept.append)
+    rng = np.random.default_rng(1)
+    cases = 5 if batch == "full" else 3
+    for trial in range(cases):
+        x2, y2 = ds.x_train.copy(), ds.y_train.copy()
+        i0 = int(rng.integers(len(y2)))
+        if trial == 0:
+            y2[i0] = 1 - y2[i0]
+        elif trial == 1:
+            x2[i0] = rng.choice([-1, 1]) * 30 * np.abs(rng.normal(size=x2.shape[1]) + 1)
+        elif trial == 2:
+            x2[i0] = x2[int(rng.integers(len(y2)))]
+        elif trial == 3:
+            x2, y2 = np.delete(x2, i0, axis=0), np.delete(y2, i0)
+        else:
+            x2 = np.concatenate([x2, rng.normal(size=(1, x2.shape[1])) * 3])
+            y2 = np.append(y2, rng.integers(2))
+        kept2 = []
+        train(cfg, with_train(ds, x2, y2), bounds_callback=kept2.append)
+        assert len(kept2) == len(kept)
+        for s1, s2 in zip(kept, kept2):
+            for name in s1.theta:
+                a, b = s1.theta[name], s2.theta[name]
+                assert bool((b.lo[:-1] >= a.lo[1:]).all() and (b.hi[:-1] <= a.hi[1:]).all()), \
+                    f"trial {trial}, step {s1.step}, {name}: box(D', k - 1) leaves box(D, k)"
+
+
 @pytest.mark.parametrize("case", ["kept-record-logits", "update"])
 def test_training_that_could_overflow_the_dtype_is_refused(case):
     """The bounds model rounding, not overflow (an adversarial review: twenty records with a
@@ -537,3 +579,26 @@ def test_training_that_could_overflow_the_dtype_is_refused(case):
     with pytest.raises(DataError, match="could overflow"):
         train(config(LOGISTIC_CE, **kw), with_train(ds, x, ds.y_train.copy()))
     train(config(LOGISTIC_CE, **{**kw, "learning_rate": 1.0, "clip_gamma": 0.1}), ds)
+
+
+def test_prefix_features_of_a_record_do_not_depend_on_its_place():
+    """The one kernel property the nesting of boxes behind a frozen prefix rests on
+    (README, Soundness): the prefix's feature boxes are computed once per dataset and shared
+    by every k, so a kept record's must be the same floats in the runs on D and on D',
+    where add-remove moves it by one place (and replace-one keeps it in place). Checked
+    bit for bit on the machine that runs the tests, for records shifted by 1 and 7 places
+    across fragment boundaries."""
+    model = [{"conv2d": {"in": 1, "out": 4, "kernel": 3, "stride": 1}}, {"relu": {}},
+             {"flatten": {}}, {"linear": {"in": 64, "out": 20}}, {"relu": {}},
+             {"linear": {"in": 20, "out": 2}}]
+    ds = images(300, seed=1)
+    for dtype in ("float32", "float64"):
+        t = training_mod._Trainer(config(model, frozen_layers=4, dtype=dtype, fragment_size=128),
+                                  ds, torch.device("cpu"))
+        x = torch.as_tensor(ds.x_train, dtype=t.dtype)
+        whole = t._features(x)[1]
+        for shifted, rows in ((x[1:], slice(1, None)), (x[7:], slice(7, None))):
+            part = t._features(shifted)[1]
+            assert torch.equal(part.lo[0], whole.lo[0, rows]) and torch.equal(part.hi[0], whole.hi[0, rows])
+        more = t._features(torch.cat([x[:1], x]))[1]
+        assert torch.equal(more.lo[0, 1:], whole.lo[0]) and torch.equal(more.hi[0, 1:], whole.hi[0])
