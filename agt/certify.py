@@ -134,13 +134,12 @@ class Certifier:
 
     def _features(self, xq: torch.Tensor):
         """Inputs of the trainable part for the bound pass: exact, or a widened Interval
-        (1, b, ...) behind a frozen prefix."""
+        (1, b, ...) behind a frozen prefix (one query per pass: a query's certificate does
+        not depend on the queries beside it)."""
         if not self.prefix.layers:
             return xq.to(BOUND_DTYPE)
-        frozen = {k: Interval.exact(v.unsqueeze(0)) for k, v in self.nominal.items()
-                  if k not in self.trainable}
-        box, _ = self.prefix.forward_bounds(frozen, xq.to(BOUND_DTYPE), self.fm)
-        return box
+        frozen = {k: v for k, v in self.nominal.items() if k not in self.trainable}
+        return self.prefix.feature_boxes(frozen, xq, self.fm)
 
     # -- certification of given (query, box) pairs ------------------------------------------
     def _certified(self, feats, pred: torch.Tensor, j: torch.Tensor,

@@ -214,21 +214,17 @@ class _Trainer:
     def _features(self, x: torch.Tensor):
         """Inputs of the trainable part: nominal (dtype) and for the bound pass an exact
         float64 tensor, or, behind a frozen prefix, a rounding-widened Interval (1, n, ...)
-        that holds whatever the float prefix returns for a record in any batch layout."""
+        that holds whatever the float prefix returns for a record in any batch layout, and
+        is the same floats for a record whatever records surround it (`feature_boxes`)."""
         if not self.prefix.layers:
             return x, x.to(BOUND_DTYPE)
         frozen = {k: v for k, v in self.init.items() if k not in self.trainable}
-        exact_boxes = {k: Interval.exact(v.unsqueeze(0)) for k, v in frozen.items()}
-        nom, lo, hi = [], [], []
         step = max(1, self.cfg.fragment_size)
         with torch.no_grad():
-            for i in range(0, x.shape[0], step):
-                xs = x[i:i + step]
-                nom.append(self.prefix.forward_nominal(frozen, xs)[0])
-                box, _ = self.prefix.forward_bounds(exact_boxes, xs.to(BOUND_DTYPE), self.fm)
-                lo.append(box.lo[0])
-                hi.append(box.hi[0])
-        return torch.cat(nom), Interval(torch.cat(lo)[None], torch.cat(hi)[None])
+            nom = [self.prefix.forward_nominal(frozen, x[i:i + step])[0]
+                   for i in range(0, x.shape[0], step)]
+            boxes = self.prefix.feature_boxes(frozen, x, self.fm)
+        return torch.cat(nom), boxes
 
     def _bound_inputs(self, idx: torch.Tensor):
         xb = self.x_bounds

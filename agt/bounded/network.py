@@ -13,8 +13,8 @@ import torch
 
 from agt.bounded.layers import GradSource, rule_for
 from agt.bounded.losses import clipped_loss_grad_nominal, loss_grad_bounds, loss_grad_nominal
-from agt.interval import FloatModel, Interval
-from agt.models import LayerSpec, ModelSpec
+from agt.interval import BOUND_DTYPE, FloatModel, Interval
+from agt.models import LayerSpec, ModelSpec, infer_shapes
 
 
 def _layer_params(params: dict, index: int) -> dict:
@@ -94,6 +94,28 @@ class Network:
             g = next(iter(params.values())).shape[0]
             act = Interval.exact(act.unsqueeze(0).expand(g, *act.shape))
         return act, caches
+
+    def feature_boxes(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                      fm: FloatModel) -> Interval:
+        """Boxes (1, b, ...) of a frozen prefix's outputs for the records x (b, ...), from
+        its exact parameters ``params`` (the prefix's tensors), one record per pass.
+
+        A record's box is then the same floats whatever records surround it: a matrix
+        product's rounding depends on its row count (a record that crosses a fragment
+        boundary when a neighbouring dataset adds or removes a record got other floats, an
+        adversarial review found), and these boxes are shared by every k, outside the
+        graded passes (agt/interval.py) that absorb such differences."""
+        exact = {k: Interval.exact(v.to(BOUND_DTYPE).unsqueeze(0)) for k, v in params.items()}
+        lo, hi = [], []
+        for i in range(x.shape[0]):
+            box, _ = self.forward_bounds(exact, x[i:i + 1].to(BOUND_DTYPE), fm)
+            lo.append(box.lo[0])
+            hi.append(box.hi[0])
+        if not lo:
+            shapes = infer_shapes(self.layers, tuple(x.shape[1:]))
+            empty = torch.zeros((0, *shapes[-1]), dtype=BOUND_DTYPE, device=x.device)
+            return Interval(empty[None], empty[None].clone())
+        return Interval(torch.cat(lo)[None], torch.cat(hi)[None])
 
     def grads_bounds(self, params, x, y, loss, fm) -> dict[str, GradSource]:
         z, caches = self.forward_bounds(params, x, fm)
