@@ -30,18 +30,18 @@ gradient range. A `FloatModel` with a *grade* g per box (its k, `FloatModel.grad
 ``GRADE_FACTOR g`` times the float64 part of the rounding bound to every widening. Lemma:
 if A lies inside B (in floats) and the grades satisfy g_A <= g_B - 1, the computed result
 of an operation on A at g_A lies inside its computed result on B at g_B. Proof for the
-lower end (the upper is symmetric): let L be the exact formula, e_X the float64 error of
-its evaluation on X and w_X the float64 part of X's rounding bound, with e_X <= w_X (the
-accounting behind `coeff`; the lemma allows e_X <= 4 w_X) and w_A <= w_B (1 + eps), eps
-the relative rounding of a magnitude that is isotone in exact arithmetic. Then with
-c = GRADE_FACTOR the computed lower ends satisfy
+lower end (the upper is symmetric): let L be the exact formula (isotone: L(A) >= L(B)),
+e_X the float64 error of its evaluation on X, w_X the float64 part of X's rounding bound
+and W_X the nominal dtype's part, with e_X <= w_X (the accounting behind `coeff`), and
+w_A <= w_B (1 + eps), W_A <= W_B (1 + eps), eps the relative rounding of a magnitude that
+is isotone in exact arithmetic (about n u64 for n terms). With c = GRADE_FACTOR,
 
-    lo_A >= L(A) - e_A - W_A - (1 + c g_A) w_A >= L(B) - e_A - W_B' - (1 + c (g_B - 1)) w_A
-    lo_B <= L(B) + e_B - W_B - (1 + c g_B) w_B,
+    lo_A >= L(A) - e_A - W_A - (1 + c g_A) w_A,   lo_B <= L(B) + e_B - W_B - (1 + c g_B) w_B,
 
-(W the nominal dtype's part, isotone up to the same eps) so lo_A >= lo_B once
-e_A + e_B + (1 + c (g_B - 1)) w_A <= (1 + c g_B) w_B - eps W_B, which holds for c = 8
-(4 w + 4 w <= 8 w, and eps (1 + c g_B) is below 1e-9 for every k grid agt accepts). The
+so lo_A >= lo_B once 2 + (1 + c (g_B - 1)) (1 + eps) + eps W_B / w_B <= 1 + c g_B, i.e.
+eps (1 + c g_B + W_B / w_B) <= c - 2 = 6. W / w is at most u / u64 (2^29 in float32), so
+this holds while n k < 1e15 and n < 1e8 (n an operation's terms; k is below the batch
+size), far beyond agt's layers and batches; it leaves room for e_X up to 2.5 w_X. The
 final subtraction fl(x - y) is monotone in x and y, so the ordering survives its rounding.
 Operations that round only monotonically (four-corner products, relu, clamp, masks,
 selections, the outward casts) are isotone in floating point outright, so a chain of
