@@ -134,7 +134,7 @@ class Certifier:
 
     def _features(self, xq: torch.Tensor):
         """Inputs of the trainable part for the bound pass: exact, or a widened Interval
-        (1, b, ...) behind a frozen prefix (one query per pass: a query's certificate does
+        (1, b, ...) behind a frozen prefix (one query per pass: a query's feature box does
         not depend on the queries beside it)."""
         if not self.prefix.layers:
             return xq.to(BOUND_DTYPE)
