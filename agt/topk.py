@@ -149,6 +149,10 @@ def _numpy_ok(t: torch.Tensor) -> bool:
 #: float64, 3000 per row: partition 2.5-8 ns, sort 1.7 ns per value; no duplicates: 1.0 vs
 #: 2.8; the two cross near 20-30%).
 SORT_ABOVE_DUPLICATES = 0.2
+#: Rows this short are sorted without sampling them first: the sampling costs more than
+#: any difference between the two (many small boxes: ensemble teachers, the first step's
+#: one pass per k).
+SORT_ROWS_UP_TO = 128
 
 
 def _duplicate_heavy(a: np.ndarray) -> bool:
@@ -173,7 +177,7 @@ def select(ws: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
         return ws.topk(k, dim=-1, largest=largest, sorted=False).values
     if k < n:
         a = ws.numpy()
-        if _duplicate_heavy(a):
+        if n <= SORT_ROWS_UP_TO or _duplicate_heavy(a):
             _by_rows(lambda rows: rows.sort(axis=-1), a)
         else:
             kth = n - k if largest else k - 1
@@ -280,6 +284,10 @@ class DescentAccumulator:
                                      "samples_seen")
             self._first_rows[start:stop] = True
         shared = grads.lo.shape[0] == 1
+        f = grads.lo.shape[-1]
+        if not shared and self.count == 0 and f <= SORT_ROWS_UP_TO and max(self.k_sizes) <= f:
+            self._add_first_short(start, stop, grads)
+            return
         for g, k in enumerate(self.k_sizes):
             src = 0 if shared else g
             for values, sums, buffers, largest in ((grads.lo[src], self.sum_lo, self.top_lo, True),
@@ -292,6 +300,21 @@ class DescentAccumulator:
                 sums[g, start:stop] += blocked_sum(frag)
                 if k:
                     self._merge(ws, buffers[g], start, stop, k, largest)
+
+    def _add_first_short(self, start: int, stop: int, grads: Interval) -> None:
+        """`add` for the first fragment of short rows (f <= SORT_ROWS_UP_TO values, at least
+        every box's k): all boxes clamped, summed and sorted at once, each buffer then takes
+        its box's k best entries of the sorted rows. The same multisets as the per-box
+        merge (sorting only moves values), without a Python round per box."""
+        for values, sums, buffers, largest in ((grads.lo, self.sum_lo, self.top_lo, True),
+                                               (grads.hi, self.sum_hi, self.low_hi, False)):
+            frag = values.clamp(-self.gamma, self.gamma)                 # (G, rows, f)
+            sums[:, start:stop] += blocked_sum(frag)
+            srt = frag.sort(dim=-1).values
+            f = srt.shape[-1]
+            for g, k in enumerate(self.k_sizes):
+                if k:
+                    buffers[g][start:stop] = srt[g, :, f - k:] if largest else srt[g, :, :k]
 
     def _workspace(self, rows: int, width: int, device: torch.device) -> torch.Tensor:
         """A (rows, width) scratch tensor, reused across calls (a fresh allocation of this
@@ -353,15 +376,21 @@ class DescentAccumulator:
         float64: (M, P)."""
         out = torch.zeros(k.shape[0], self.sum_lo.shape[1], dtype=BOUND_DTYPE,
                           device=self.sum_lo.device)
-        for g in torch.unique(group).tolist():
+        # members of each group, from Python lists: one pass instead of a tensor comparison
+        # per group (many small boxes made those the cost)
+        k_list = k.tolist()
+        members_of: dict[int, list[int]] = {}
+        for m, g in enumerate(group.tolist()):
+            members_of.setdefault(g, []).append(m)
+        for g, member_list in sorted(members_of.items()):
             buffer = buffers[g]
-            members = (group == g).nonzero().flatten()
-            ks = k[members]
-            if buffer is None or not bool((ks > 0).any()):
+            if buffer is None or max(k_list[m] for m in member_list) <= 0:
                 continue
             kb = buffer.shape[1]
+            full = all(k_list[m] == kb for m in member_list)
+            members = torch.tensor(member_list, dtype=torch.int64, device=k.device)
+            ks = k[members]
             idx = (ks - 1).clamp_min(0)
-            full = bool((ks == kb).all())
             unfilled = self.count < kb     # some slots may still hold the +-inf fill
             chunk = max(1, (1 << 21) // kb)
             for p0 in range(0, buffer.shape[0], chunk):
