@@ -152,7 +152,7 @@ SORT_ABOVE_DUPLICATES = 0.2
 #: Rows this short are sorted without sampling them first: the sampling costs more than
 #: any difference between the two (many small boxes: ensemble teachers, the first step's
 #: one pass per k).
-SORT_ROWS_UP_TO = 128
+SORT_ROWS_UP_TO = 256
 
 
 def _duplicate_heavy(a: np.ndarray) -> bool:
