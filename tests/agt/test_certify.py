@@ -138,14 +138,17 @@ def test_served_model_must_match_bundle():
 
 @pytest.mark.parametrize("model,loss,data,leaks", [
     (LOGISTIC_CE, "cross_entropy", "blobs", False), (MLP_BCE, "binary_cross_entropy", "blobs", True),
-    (MLP, "cross_entropy", "blobs", True), (CONV, "cross_entropy", "images", True)])
+    (MLP, "cross_entropy", "blobs", True), (CONV, "cross_entropy", "images", None)])
 def test_box_test_is_isotone_in_the_box_when_graded(model, loss, data, leaks):
     """The certifier's margin bound on a sub-box tested at k - 1 is at least the box's at
     k, exactly, for sub-boxes a few ulps inside (agt/interval.py, graded widening): so a
     query certified in box(D, k) is certified in box(D', k - 1), as computed. Ungraded
     (the weakened version) the same sub-boxes get smaller bounds by rounding once a hidden
-    layer's midpoint-radius product is in the pass; a linear model's margin uses only
-    monotone roundings (four-corner products, fixed-order sums) and never leaks."""
+    layer's midpoint-radius product is in the pass (a few queries in some sub-boxes; the
+    search stops at the first); a linear model's margin uses only monotone roundings
+    (four-corner products, fixed-order sums) and never leaks. The conv bundle's margin
+    leaked too rarely to assert (0 of 30 sub-boxes in one build); its layer rules' leaks
+    are asserted in tests/agt/bounded/test_graded.py."""
     from agt.interval import Interval
     from tests.agt.bounded.test_graded import _nudged_sub_box
     ds = blobs(300, seed=23) if data == "blobs" else images(150, seed=23)
@@ -158,7 +161,10 @@ def test_box_test_is_isotone_in_the_box_when_graded(model, loss, data, leaks):
     gen = torch.Generator().manual_seed(5)
     Q = xq.shape[0]
     worst_plain = 0.0
-    for j in [1, 2, 3] * 3:
+    for trial in range(60):
+        if trial >= 9 and (worst_plain > 0.0 or not leaks):
+            break
+        j = 1 + trial % 3
         outer = {n: Interval(c.lower[n][j].expand(Q, *c.lower[n].shape[1:]),
                              c.upper[n][j].expand(Q, *c.upper[n].shape[1:])) for n in c.trainable}
         inner = {n: _nudged_sub_box(gen, box) for n, box in outer.items()}
@@ -169,7 +175,8 @@ def test_box_test_is_isotone_in_the_box_when_graded(model, loss, data, leaks):
         plain_out = c.margin_lower_bound(feats, pred, outer, c.fm)
         plain_in = c.margin_lower_bound(feats, pred, inner, c.fm)
         worst_plain = max(worst_plain, float((plain_out - plain_in).max()))
-    assert (worst_plain > 0.0) == leaks
+    if leaks is not None:
+        assert (worst_plain > 0.0) == leaks
 
 
 def test_bundles_without_graded_passes_claim_no_smooth_radii():
