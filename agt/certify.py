@@ -134,12 +134,13 @@ class Certifier:
 
     def _features(self, xq: torch.Tensor):
         """Inputs of the trainable part for the bound pass: exact, or a widened Interval
-        (1, b, ...) behind a frozen prefix (one query per pass: a query's feature box does
-        not depend on the queries beside it)."""
+        (1, b, ...) behind a frozen prefix (one pass: the bundles of D and D' certify the
+        same query batch through the same public prefix, so its features are the same
+        floats in both)."""
         if not self.prefix.layers:
             return xq.to(BOUND_DTYPE)
         frozen = {k: v for k, v in self.nominal.items() if k not in self.trainable}
-        return self.prefix.feature_boxes(frozen, xq, self.fm)
+        return self.prefix.feature_boxes(frozen, xq, self.fm, max(1, xq.shape[0]))
 
     # -- certification of given (query, box) pairs ------------------------------------------
     def _certified(self, feats, pred: torch.Tensor, j: torch.Tensor,

@@ -285,7 +285,7 @@ class DescentAccumulator:
             self._first_rows[start:stop] = True
         shared = grads.lo.shape[0] == 1
         f = grads.lo.shape[-1]
-        if not shared and self.count == 0 and f <= SORT_ROWS_UP_TO and max(self.k_sizes) <= f:
+        if not shared and self.count == 0 and f <= SORT_ROWS_UP_TO and max(self.k_sizes, default=0) <= f:
             self._add_first_short(start, stop, grads)
             return
         for g, k in enumerate(self.k_sizes):

@@ -215,7 +215,7 @@ class _Trainer:
         """Inputs of the trainable part: nominal (dtype) and for the bound pass an exact
         float64 tensor, or, behind a frozen prefix, a rounding-widened Interval (1, n, ...)
         that holds whatever the float prefix returns for a record in any batch layout, and
-        is the same floats for a record whatever records surround it (`feature_boxes`)."""
+        is the same floats for a kept record in the run on any neighbour (`feature_boxes`)."""
         if not self.prefix.layers:
             return x, x.to(BOUND_DTYPE)
         frozen = {k: v for k, v in self.init.items() if k not in self.trainable}
@@ -223,7 +223,9 @@ class _Trainer:
         with torch.no_grad():
             nom = [self.prefix.forward_nominal(frozen, x[i:i + step])[0]
                    for i in range(0, x.shape[0], step)]
-            boxes = self.prefix.feature_boxes(frozen, x, self.fm)
+            # add-remove moves records between passes: one record per pass (feature_boxes)
+            rows = 1 if ADD_REMOVE in self.relations else step
+            boxes = self.prefix.feature_boxes(frozen, x, self.fm, rows)
         return torch.cat(nom), boxes
 
     def _bound_inputs(self, idx: torch.Tensor):

@@ -586,11 +586,13 @@ def test_training_that_could_overflow_the_dtype_is_refused(case):
 def test_prefix_features_of_a_record_do_not_depend_on_its_place(prefix):
     """The prefix's feature boxes are computed once per dataset and shared by every k,
     outside the graded passes, so a kept record's must be the same floats in the runs on
-    D and on D' (README, Soundness), where add-remove moves it by one place and across
-    fragment boundaries. An adversarial review found a linear prefix whose record 256 (of
-    257, fragment_size 64) got other floats on the neighbour without record 0: a matrix
-    product's rounding depends on its row count. Features are now computed one record per
-    pass (`Network.feature_boxes`); so are a query's in the certifier."""
+    D and on D' (README, Soundness). Under add-remove (one batch) a record moves by one
+    place and across fragment boundaries: an adversarial review found a linear prefix whose
+    record 256 (of 257, fragment_size 64) got other floats on the neighbour without record
+    0, as a matrix product's rounding depends on its row count; such runs now compute one
+    record per pass (`Network.feature_boxes`). Under replace-one (minibatches) records keep
+    their places and passes their shapes, so fragments stay: checked with a replaced record
+    in the same fragment."""
     if prefix == "conv":
         model = [{"conv2d": {"in": 1, "out": 4, "kernel": 3, "stride": 1}}, {"relu": {}},
                  {"flatten": {}}, {"linear": {"in": 64, "out": 20}}, {"relu": {}},
@@ -606,6 +608,7 @@ def test_prefix_features_of_a_record_do_not_depend_on_its_place(prefix):
     for dtype in ("float32", "float64"):
         t = training_mod._Trainer(config(model, frozen_layers=frozen, dtype=dtype, fragment_size=64),
                                   ds, torch.device("cpu"))
+        assert ADD_REMOVE in t.relations
         x = torch.as_tensor(ds.x_train, dtype=t.dtype)
         whole = t._features(x)[1]
         for shifted, rows in ((x[1:], slice(1, None)), (x[7:], slice(7, None))):
@@ -613,8 +616,12 @@ def test_prefix_features_of_a_record_do_not_depend_on_its_place(prefix):
             assert torch.equal(part.lo[0], whole.lo[0, rows]) and torch.equal(part.hi[0], whole.hi[0, rows])
         more = t._features(torch.cat([x[:1], x]))[1]
         assert torch.equal(more.lo[0, 1:], whole.lo[0]) and torch.equal(more.hi[0, 1:], whole.hi[0])
-    bundle = from_result(train(config(model, frozen_layers=frozen, k_values=[0, 1]), ds))
-    c = Certifier(bundle)
-    xq = c._check_queries(ds.x_test)
-    together, alone = c._features(xq), c._features(xq[3:4])
-    assert torch.equal(together.lo[:, 3], alone.lo[:, 0]) and torch.equal(together.hi[:, 3], alone.hi[:, 0])
+        mb = training_mod._Trainer(config(model, frozen_layers=frozen, dtype=dtype, fragment_size=64,
+                                          batch_size=32, k_values=[0, 1, 2]), ds, torch.device("cpu"))
+        assert mb.relations == (REPLACE,)
+        base = mb._features(x)[1]
+        replaced = x.clone()
+        replaced[70] = -3.0 * replaced[70]
+        other = mb._features(replaced)[1]
+        keep = torch.arange(x.shape[0]) != 70
+        assert torch.equal(other.lo[0, keep], base.lo[0, keep]) and torch.equal(other.hi[0, keep], base.hi[0, keep])
