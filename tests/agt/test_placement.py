@@ -15,7 +15,8 @@ from agt.data import Dataset
 from agt.errors import ConfigError
 from agt.training import REPLACE, train, train_nominal
 
-from tests.agt.test_training import REPLACE_KINDS, falsify, targeted
+from tests.agt.test_training import (NEIGHBOUR_KINDS, REPLACE_KINDS, assert_steps_nest,
+                                     falsify, one_record_neighbour, targeted)
 from tests.helpers import LOGISTIC_CE, MLP, blobs, config, inside, with_train
 
 
@@ -122,28 +123,11 @@ def test_boxes_nest_on_neighbours_at_every_step():
                      k_placement="per-epoch", **opt)
         kept = []
         train(cfg, ds, bounds_callback=kept.append)
-        for kind in range(3):
-            x2, y2 = ds.x_train.copy(), ds.y_train.copy()
-            i0 = int(rng.integers(len(y2)))
-            if kind == 0:
-                y2[i0] = 1 - y2[i0]
-            elif kind == 1:
-                x2[i0] = rng.choice([-1, 1]) * 50 * np.abs(rng.normal(size=x2.shape[1]) + 1)
-            else:
-                x2[i0] = x2[int(rng.integers(len(y2)))]
+        for kind in NEIGHBOUR_KINDS[:3]:
             kept2 = []
-            train(cfg, with_train(ds, x2, y2), bounds_callback=kept2.append)
-            assert len(kept) == len(kept2) > 8
-            for s1, s2 in zip(kept, kept2):
-                for boxes1, boxes2 in ((s1.theta, s2.theta), (s1.velocity, s2.velocity)):
-                    for name in boxes1:
-                        a, b = boxes1[name], boxes2[name]
-                        if a is None:
-                            continue
-                        assert bool((b.lo[:-1] >= a.lo[1:]).all()
-                                    and (b.hi[:-1] <= a.hi[1:]).all()), \
-                            f"{dtype} {opt} kind {kind}, step {s1.step}, {name}: box(D', k - 1) " \
-                            "leaves box(D, k)"
+            train(cfg, one_record_neighbour(ds, kind, rng), bounds_callback=kept2.append)
+            assert len(kept) > 8
+            assert_steps_nest(kept, kept2, f"{dtype} {opt} {kind}")
 
 
 @pytest.mark.parametrize("model", [LOGISTIC_CE, MLP])

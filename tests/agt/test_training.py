@@ -62,6 +62,48 @@ def perturb(ds, kind: str, m: int, rng: np.random.Generator, scale: float = 6.0)
     return with_train(ds, x, y)
 
 
+NEIGHBOUR_KINDS = ("flip", "far", "duplicate", "remove", "add")
+
+
+def one_record_neighbour(ds, kind: str, rng: np.random.Generator, far: float = 50.0,
+                         relabel_far: bool = False):
+    """A neighbour of ds at distance 1 for the step-by-step nesting tests: a flipped label,
+    a far point (|features| ~ ``far``, optionally a random label), a duplicate of another
+    record (replace-one), or one record fewer / one more (add-remove)."""
+    x, y = ds.x_train.copy(), ds.y_train.copy()
+    i0 = int(rng.integers(len(y)))
+    if kind == "flip":
+        y[i0] = 1 - y[i0]
+    elif kind == "far":
+        x[i0] = rng.choice([-1, 1]) * far * np.abs(rng.normal(size=x.shape[1]) + 1)
+        if relabel_far:
+            y[i0] = rng.integers(2)
+    elif kind == "duplicate":
+        x[i0] = x[int(rng.integers(len(y)))]
+    elif kind == "remove":
+        x, y = np.delete(x, i0, axis=0), np.delete(y, i0)
+    elif kind == "add":
+        x = np.concatenate([x, rng.normal(size=(1, x.shape[1])) * 3])
+        y = np.append(y, rng.integers(2))
+    else:
+        raise ValueError(kind)
+    return with_train(ds, x, y)
+
+
+def assert_steps_nest(kept, kept2, what: str) -> None:
+    """box_t(D', k - 1) inside box_t(D, k) with no tolerance at every recorded step, for the
+    parameter boxes and (with momentum) the velocity boxes; kept: D's steps, kept2: D''s."""
+    assert len(kept2) == len(kept)
+    for s1, s2 in zip(kept, kept2):
+        for boxes1, boxes2 in ((s1.theta, s2.theta), (s1.velocity, s2.velocity)):
+            for name in boxes1:
+                a, b = boxes1[name], boxes2[name]
+                if a is None:
+                    continue
+                assert bool((b.lo[:-1] >= a.lo[1:]).all() and (b.hi[:-1] <= a.hi[1:]).all()), \
+                    f"{what}, step {s1.step}, {name}: box(D', k - 1) leaves box(D, k)"
+
+
 def targeted(cfg, ds, m: int, rng: np.random.Generator, add_remove: bool = False):
     """Attack one random parameter coordinate in one direction: replace the m records whose
     clamped gradient (at the initial parameters) pushes hardest the other way with crafted
@@ -496,27 +538,11 @@ def test_computed_boxes_nest_on_neighbours_at_every_step(dtype):
     assert ADD_REMOVE in train(cfg, ds, bounds_callback=kept.append).relations
     rng = np.random.default_rng(0)
     for trial in range(15):
-        x2, y2 = ds.x_train.copy(), ds.y_train.copy()
-        i0 = int(rng.integers(len(y2)))
-        if trial % 5 == 0:
-            y2[i0] = 1 - y2[i0]
-        elif trial % 5 == 1:
-            x2[i0] = rng.choice([-1, 1]) * 50 * np.abs(rng.normal(size=x2.shape[1]) + 1)
-            y2[i0] = rng.integers(2)
-        elif trial % 5 == 2:
-            x2[i0] = x2[int(rng.integers(len(y2)))]
-        elif trial % 5 == 3:   # add-remove (one batch): one record fewer
-            x2, y2 = np.delete(x2, i0, axis=0), np.delete(y2, i0)
-        else:                  # and one record more
-            x2 = np.concatenate([x2, rng.normal(size=(1, x2.shape[1])) * 3])
-            y2 = np.append(y2, rng.integers(2))
+        kind = NEIGHBOUR_KINDS[trial % 5]
         kept2 = []
-        train(cfg, with_train(ds, x2, y2), bounds_callback=kept2.append)
-        for s1, s2 in zip(kept, kept2):
-            for name in s1.theta:
-                a, b = s1.theta[name], s2.theta[name]
-                assert bool((b.lo[:-1] >= a.lo[1:]).all() and (b.hi[:-1] <= a.hi[1:]).all()), \
-                    f"trial {trial}, step {s1.step}, {name}: box(D', k - 1) leaves box(D, k)"
+        train(cfg, one_record_neighbour(ds, kind, rng, relabel_far=True),
+              bounds_callback=kept2.append)
+        assert_steps_nest(kept, kept2, f"trial {trial} ({kind})")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -536,29 +562,10 @@ def test_relu_boxes_nest_exactly_on_neighbours_at_every_step(dtype, batch):
     kept = []
     train(cfg, ds, bounds_callback=kept.append)
     rng = np.random.default_rng(1)
-    cases = 5 if batch == "full" else 3
-    for trial in range(cases):
-        x2, y2 = ds.x_train.copy(), ds.y_train.copy()
-        i0 = int(rng.integers(len(y2)))
-        if trial == 0:
-            y2[i0] = 1 - y2[i0]
-        elif trial == 1:
-            x2[i0] = rng.choice([-1, 1]) * 30 * np.abs(rng.normal(size=x2.shape[1]) + 1)
-        elif trial == 2:
-            x2[i0] = x2[int(rng.integers(len(y2)))]
-        elif trial == 3:
-            x2, y2 = np.delete(x2, i0, axis=0), np.delete(y2, i0)
-        else:
-            x2 = np.concatenate([x2, rng.normal(size=(1, x2.shape[1])) * 3])
-            y2 = np.append(y2, rng.integers(2))
+    for kind in NEIGHBOUR_KINDS[:5 if batch == "full" else 3]:
         kept2 = []
-        train(cfg, with_train(ds, x2, y2), bounds_callback=kept2.append)
-        assert len(kept2) == len(kept)
-        for s1, s2 in zip(kept, kept2):
-            for name in s1.theta:
-                a, b = s1.theta[name], s2.theta[name]
-                assert bool((b.lo[:-1] >= a.lo[1:]).all() and (b.hi[:-1] <= a.hi[1:]).all()), \
-                    f"trial {trial}, step {s1.step}, {name}: box(D', k - 1) leaves box(D, k)"
+        train(cfg, one_record_neighbour(ds, kind, rng, far=30.0), bounds_callback=kept2.append)
+        assert_steps_nest(kept, kept2, kind)
 
 
 @pytest.mark.parametrize("case", ["kept-record-logits", "update"])
