@@ -10,7 +10,8 @@ is needed only when the CLI loads the data itself.
 ``batch_size: full`` trains on the whole dataset as one batch whatever its size: the nominal
 rule on a neighbour with one record more or less is then still one batch with the mean over
 the actual size, and the bundle certifies add-remove as well as replace-one (agt/training.py).
-An integer batch size certifies add-remove only when it is at least n + max(k).
+An integer batch size certifies replace-one only, whatever n: the relations a bundle claims
+depend on the config alone, never on the private dataset's size (agt/training.py).
 """
 
 from __future__ import annotations
@@ -301,6 +302,12 @@ def config_from_dict(raw: Any) -> TrainConfig:
     selection = r.choice("selection", "exact", SELECTIONS)
     bound_method = r.choice("bound_method", DEFAULT_BOUND_METHOD, BOUND_METHODS)
     norm_bound = r.optional_number("input_norm_bound", low=0.0, low_open=True)
+    if norm_bound is not None and norm_bound > dtype_max / 16:
+        # from the config alone: every record of the declared domain is then finite in the
+        # dtype, so no record can make training refuse (README, What is private)
+        problems.add(f"input_norm_bound = {norm_bound:g} is beyond what {dtype} arithmetic "
+                     f"can train with (above max({dtype}) / 16 = {dtype_max / 16:.3g}); "
+                     "rescale the features and lower it, or train in float64")
     # under stability the clamp is off (gamma >= R), which leaves interval boxes of k >= 1
     # certifying nothing the balls do not (README, issue 12): the fast boxes by default
     k_boxes = r.choice("k_boxes", "ball" if bound_method == "stability" else "interval",

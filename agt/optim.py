@@ -44,6 +44,17 @@ def round_to(value: float, dtype: torch.dtype) -> float:
 
 
 @dataclass(frozen=True)
+class PublicMagnitudes:
+    """`UpdateRule.public_magnitudes`: per step t = 0..T the bound on every entry of each
+    parameter tensor (``params[t][name]``) and velocity (``velocity[t][name]``) of the
+    nominal run on any dataset, and per update the largest intermediate (``worst[t]``)."""
+
+    params: list[dict[str, float]]
+    velocity: list[dict[str, float]]
+    worst: list[float]
+
+
+@dataclass(frozen=True)
 class UpdateRule:
     optimizer: str
     l2: float
@@ -68,6 +79,47 @@ class UpdateRule:
             buf = buf * self.momentum + g * self.damp1
         direction = g + self.momentum * buf if self.nesterov else buf
         return theta - lr * direction, buf
+
+    def public_magnitudes(self, start: dict[str, float], lrs: list[float], d_max: float,
+                          unit_roundoff: float) -> "PublicMagnitudes":
+        """Bounds on |theta_t| and |v_t| per parameter tensor that hold for the nominal run
+        on *every* dataset, from the config alone: ``start`` the largest |entry| of each
+        initial tensor, ``lrs`` the rounded learning rate of every step, ``d_max`` a bound
+        on every entry of the mean clamped gradient d (whatever the records: each clamped
+        per-sample gradient is <= the clamp limit).
+
+        Recursion (the nominal rule above, |.| of each intermediate; m = |momentum|, a =
+        |1 - dampening|): G = d_max + l2 P_t for g; sgd: P_{t+1} = P_t + lr G; sgdm:
+        V_{t+1} = G at the first step, m V_t + a G afterwards, dir = G + m V_{t+1}
+        (nesterov) or V_{t+1}, P_{t+1} = P_t + lr dir. Each quantity is multiplied by
+        1 + 32 u: the nominal computes it with at most 8 roundings of u each (relative,
+        to nearest) and this float64 recursion with at most 8 more, each <= u.
+        ``worst[t]``: the largest intermediate of update t (g, the velocity terms, the
+        direction, lr dir, the new parameters)."""
+        grow = 1.0 + 32.0 * unit_roundoff
+        m, a, l2 = abs(self.momentum), abs(self.damp1), abs(self.l2)
+        params = [dict(start)]
+        velocity = [{n: 0.0 for n in start}]
+        worst = []
+        for t, lr in enumerate(lrs):
+            lr = abs(lr)
+            new_p, new_v, top = {}, {}, 0.0
+            for n, p in params[-1].items():
+                g = (d_max + l2 * p) * grow
+                if self.optimizer == "sgd":
+                    v, direction, terms = 0.0, g, (g,)
+                else:
+                    v_prev = velocity[-1][n]
+                    v = g if t == 0 else (m * v_prev + a * g) * grow
+                    direction = (g + m * v) * grow if self.nesterov else v
+                    terms = (g, v, direction, m * v_prev * grow, a * g * grow)
+                new_p[n] = (p + lr * direction * grow) * grow
+                new_v[n] = v
+                top = max(top, new_p[n], lr * direction * grow, *terms)
+            params.append(new_p)
+            velocity.append(new_v)
+            worst.append(top)
+        return PublicMagnitudes(params, velocity, worst)
 
     # -- interval -------------------------------------------------------------------------
     def coefficients(self, lr: float, first_step: bool) -> tuple[dict, dict | None]:

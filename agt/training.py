@@ -28,6 +28,16 @@ parameters (agt/stability.py), a query is certified at k when its box or its bal
 certifies, and with ``k_boxes: ball`` (its default) the boxes of k >= 1 are those enclosing
 the balls and no interval pass runs.
 
+Overflow (since 0.3.7). The bounds model rounding, not overflow. Bounds on the nominal
+run's parameters and velocities at every step hold for every dataset, from the config alone
+(`UpdateRule.public_magnitudes`: each clamped per-sample gradient is <= gamma). Training
+refuses when they, or the gradient of a record of zeros under them, could come near
+max(dtype) (`_public_magnitudes`): a refusal that reads no record, so D and its neighbours
+refuse alike. A record whose own gradient could overflow under them is marked at that step
+(`_mark_records`) and bounded by the whole clamp range, which holds whatever the overflow
+does; the boxes are cut to the public bounds after every update (`_within`), which keeps
+the float64 bound arithmetic far from overflow however loose they grow.
+
 Placement (config ``k_placement``): "per-batch" (default, the paper) lets every batch hold up
 to k replaced records; "per-epoch" lets the batches of one epoch hold at most k together,
 which is what a replace-one neighbour does (agt/placement.py: a dynamic programme over the
@@ -37,12 +47,15 @@ epoch instead of one per grid value. Its radii are valid but claim no nesting pr
 the computed boxes (so no release that spends radii uses them; agt/placement.py).
 
 Neighbouring relations certified. Batches are a function of the record index, so replacing
-up to k records keeps every batch slot: every bundle certifies ``replace-one``. When every
-dataset within distance max(k) is trained as one batch per epoch (``batch_size: full``, or
-an integer batch size >= n + max(k)), the divisor is the actual dataset size and the top-k
-rule also covers removing r and adding a records with a + r <= k (agt/topk.py), so such
-bundles certify ``add-remove`` too. A smaller integer batch with b >= n does not: a
-neighbour with more than b records is trained as two batches, in another order.
+up to k records keeps every batch slot: every bundle certifies ``replace-one``. With
+``batch_size: full`` every dataset is trained as one batch per epoch, the divisor is the
+actual dataset size and the top-k rule also covers removing r and adding a records with
+a + r <= k (agt/topk.py), so such bundles certify ``add-remove`` too. An integer batch
+size never does, even one >= n + max(k) that makes every neighbour one batch: whether it
+does would depend on n, which add-remove neighbours do not share, so D could claim
+add-remove where D plus one record refuses (a refusal that reveals the data; since
+0.3.7). A smaller integer batch with b >= n could not anyway: a neighbour with more than
+b records is trained as two batches, in another order.
 """
 
 from __future__ import annotations
@@ -173,9 +186,8 @@ class _Trainer:
         self.n = ds.n_train
         self.batch_size = cfg.batch_for(self.n)
         cfg.k_values.require_below(self.batch_size)
-        k_max = cfg.k_values.k_max
-        one_batch = cfg.full_batch or int(cfg.batch_size) >= self.n + k_max
-        self.relations = (REPLACE, ADD_REMOVE) if one_batch else (REPLACE,)
+        # from the config alone: a test on n would make the claim depend on the data
+        self.relations = (REPLACE, ADD_REMOVE) if cfg.full_batch else (REPLACE,)
         self.stability = None
         if cfg.bound_method == "stability":
             # the balls hold for a fixed divisor n: replace-one only (agt/stability.py)
@@ -192,11 +204,9 @@ class _Trainer:
         x = torch.as_tensor(ds.x_train, dtype=self.dtype, device=device)
         self.y = torch.as_tensor(ds.y_train, dtype=torch.int64, device=device)
         self.x_nominal, self.x_bounds = self._features(x)
-        xb = self.x_bounds
-        self.x_magnitude = float(xb.magnitude().max()) \
-            if isinstance(xb, Interval) else float(xb.abs().max()) if xb.numel() else 0.0
-        self.x_overflows = not (bool(torch.isfinite(x).all())
-                                and bool(torch.isfinite(self.x_nominal).all()))
+        self.feature_magnitude = self._feature_magnitudes(x)
+        # records whose nominal gradient could overflow at the current step (`_mark_records`)
+        self.beyond: torch.Tensor | None = None
         self.clip_floor = None
         # per-sample arithmetic of the nominal rule: the training dtype, or float64 where
         # the stability radii charge float64's rounding for it (``compute64``, below; the
@@ -228,11 +238,74 @@ class _Trainer:
             boxes = self.prefix.feature_boxes(frozen, x, self.fm, rows)
         return torch.cat(nom), boxes
 
-    def _bound_inputs(self, idx: torch.Tensor):
+    def _feature_magnitudes(self, x: torch.Tensor) -> torch.Tensor:
+        """Per record, a bound on every entry (and partial sum) of the frozen prefix's
+        nominal pass and its output (`Network.forward_magnitudes` from the record's largest
+        |entry| as the dtype holds it; without a prefix that entry itself). inf or NaN for a
+        record that is not finite in the dtype."""
+        n = x.shape[0]
+        raw = (x.reshape(n, -1).abs().amax(1).to(torch.float64) if x[0].numel()
+               else torch.zeros(n, dtype=torch.float64, device=x.device))
+        if not self.prefix.layers:
+            return raw
+        frozen = {k: float(v.abs().max()) for k, v in self.init.items()
+                  if k not in self.trainable}
+        return self.prefix.forward_magnitudes(frozen, raw)[0]
+
+    def _public_magnitudes(self, lrs: list[float]):
+        """Bounds on the nominal run's parameters at every step, from the config alone
+        (`UpdateRule.public_magnitudes`), and the refusal they decide: training refuses
+        when an intermediate of some update, or of the gradient of a record of zeros, could
+        come near the dtype's largest value. Nothing here reads a record, so D and every
+        neighbour refuse or train alike (records that could overflow are `_mark_records`'
+        business)."""
+        gam = clamp_limit(self.gamma, self.fm.nominal_dtype, self.dtype)
+        # the mean of <= n clamped values, summed in float64 and rounded to the dtype
+        d_max = gam * (1.0 + (self.n + 2) * 2.0 ** -52) * (1.0 + self.fm.unit_roundoff)
+        start = {n: float(self.init[n].abs().max()) if self.init[n].numel() else 0.0
+                 for n in self.trainable}
+        public = self.rule.public_magnitudes(start, lrs, d_max, self.fm.unit_roundoff)
+        limit = torch.finfo(self.dtype).max / 16.0
+        shape = tuple(self.x_nominal.shape[1:])
+        for t, params in enumerate(public.params):
+            worst = max(float(self.net.gradient_magnitudes(params, 0.0, shape)),
+                        public.worst[t] if t < len(public.worst) else 0.0)
+            if not worst <= limit:
+                raise DataError(f"the {self.cfg.dtype} training computation could overflow "
+                                f"(at step {t}, an intermediate of magnitude up to {worst:.3g} "
+                                f"whatever the data; the bounds hold below {limit:.3g}): lower "
+                                "the learning rate, clip_gamma or the number of steps, or "
+                                "train in float64")
+        return public
+
+    def _mark_records(self, params: dict[str, float]) -> None:
+        """Records whose nominal per-sample gradient could overflow the dtype for some
+        parameters with |theta| <= ``params`` (`Network.gradient_magnitudes` from their
+        prefix bound): their gradient bounds are the whole clamp range (`_stream_bounds`),
+        which holds whatever the overflow does (the nominal rule sends +-inf to +-gamma and
+        counts a NaN as 0). The test reads the record and public bounds only, so a record
+        kept by a neighbour is marked in both runs."""
+        limit = torch.finfo(self.dtype).max / 16.0
+        worst = self.net.gradient_magnitudes(params, self.feature_magnitude,
+                                             tuple(self.x_nominal.shape[1:]))
+        beyond = ~(worst <= limit)
+        self.beyond = beyond if bool(beyond.any()) else None
+
+    def _bound_inputs(self, idx: torch.Tensor, beyond: torch.Tensor | None = None):
+        """The bound pass's inputs for records ``idx``; rows flagged in ``beyond`` are
+        zeros (their bounds are replaced anyway, and an overflowing row would only make
+        NaN)."""
         xb = self.x_bounds
         if isinstance(xb, Interval):
-            return Interval(xb.lo[:, idx], xb.hi[:, idx])
-        return xb[idx]
+            out = Interval(xb.lo[:, idx], xb.hi[:, idx])
+            if beyond is not None:
+                out.lo[:, beyond] = 0.0
+                out.hi[:, beyond] = 0.0
+            return out
+        out = xb[idx]
+        if beyond is not None:
+            out[beyond] = 0.0
+        return out
 
     # -- nominal ---------------------------------------------------------------------------
     def nominal_direction(self, theta: dict, idx: torch.Tensor, k_max: int = 0):
@@ -360,54 +433,25 @@ class _Trainer:
         fm = self.fm if fm is None else fm
         for f0 in range(0, len(idx), frag):
             fidx = idx[f0:f0 + frag]
-            sources = self.net.grads_bounds(boxes, self._bound_inputs(fidx), self.y[fidx],
-                                            self.cfg.loss, fm)
+            beyond = None if self.beyond is None else self.beyond[fidx]
+            if beyond is not None and not bool(beyond.any()):
+                beyond = None
+            sources = self.net.grads_bounds(boxes, self._bound_inputs(fidx, beyond),
+                                            self.y[fidx], self.cfg.loss, fm)
             for name, src in sources.items():
                 for r0, r1 in self._row_chunks(src, len(fidx), n_groups):
-                    accs[name].add(r0 * src.row_size, r1 * src.row_size, src.samples_last(r0, r1))
+                    grads = src.samples_last(r0, r1)
+                    if beyond is not None:
+                        # the accumulators clamp these to the clamp range
+                        grads = Interval(grads.lo.masked_fill(beyond, -math.inf),
+                                         grads.hi.masked_fill(beyond, math.inf))
+                    accs[name].add(r0 * src.row_size, r1 * src.row_size, grads)
             for acc in accs.values():
                 acc.samples_seen(len(fidx))
 
     def _reshape(self, name: str, flat: Interval) -> Interval:
         shape = self.init[name].shape
         return flat.map(lambda t: t.reshape(t.shape[0], *shape))
-
-    def _overflow_guard(self, boxes: dict[str, Interval], vboxes: dict | None, lr: float) -> None:
-        """Refuse when the nominal dtype could overflow on a record of D for parameters in
-        the boxes. The bounds model rounding, not overflow: a kept record whose logit
-        overflows on a neighbour gets a NaN gradient (counted as 0) that its interval,
-        computed in float64, does not contain. Replaced records need no guard (their
-        clamped gradient is within [-gamma, gamma] whatever it is). A priori magnitudes,
-        every partial sum included: inputs |a| <= A, a layer of fan-in f gives
-        <= f |W| A + |b|; backwards the loss gradient is <= 1 per logit and a layer of
-        fan-out f' multiplies by f' |W|; the update's terms are <= |theta| + lr c (gamma +
-        l2 |theta|) + lr |v|, its gradient term g <= gamma + l2 |theta|, the next velocity
-        <= m |v| + g. Each must stay below max(dtype) / 16."""
-        limit = torch.finfo(self.dtype).max / 16.0
-        mags = {n: float(b.magnitude().max()) for n, b in boxes.items()}
-        v_mag = max((float(v.magnitude().max())
-                     for v in (vboxes or {}).values() if v is not None), default=0.0)
-        worst, fans = self.net.forward_magnitudes(mags, self.x_magnitude)
-        worst = float(worst)
-        delta = 1.0
-        for factor in reversed(fans[1:]):
-            delta *= float(factor)
-            worst = max(worst, delta)
-        theta = max(mags.values(), default=0.0)
-        c = (1.0 + self.rule.momentum) if self.rule.optimizer == "sgdm" else 1.0
-        worst = max(worst, theta + lr * c * (self.gamma + self.rule.l2 * theta) + lr * v_mag)
-        # the update's own intermediates: g = d + l2 theta, the next velocity m v + g (a
-        # review let v grow towards gamma / (1 - m) = 4e38 on a neighbour, overflowing
-        # float32 while D's run stayed finite), and the step with it
-        g_mag = self.gamma + self.rule.l2 * theta
-        v_next = self.rule.momentum * v_mag + g_mag
-        worst = max(worst, g_mag, v_next, theta + lr * (g_mag + v_next))
-        if not worst <= limit:
-            raise DataError(f"the {self.cfg.dtype} training computation could overflow on a "
-                            f"dataset within the k grid (an intermediate of magnitude up to "
-                            f"{worst:.3g}; the bounds hold below {limit:.3g}): rescale the "
-                            "features, lower the learning rate or clip_gamma, or train in "
-                            "float64")
 
     def _budget_boxes_per_pass(self, k_values: tuple[int, ...]) -> int:
         """How many boxes one interval pass of the placement programme may hold: the
@@ -425,11 +469,13 @@ class _Trainer:
         by_outputs = BUFFER_BYTES // max(1, 8 * (max(k_values) + 1) * 8 * p_total)
         return max(1, min(by_work, by_buffers, by_outputs))
 
-    def _budget_evaluator(self, idx: torch.Tensor, lr: float, first_step: bool):
+    def _budget_evaluator(self, idx: torch.Tensor, lr: float, first_step: bool,
+                          public, after: int):
         """Step_b of agt/placement.py on batch ``idx``: for boxes (G, ...) and pairs
         (c[l], group[l]) the update bounds from box group[l] with up to c[l] of the batch's
         records replaced (the exact top-k rule: one selection buffer per box), the descent
-        bound widened by the transition slack 2 w_cap units[l] of that module."""
+        bound widened by the transition slack 2 w_cap units[l] of that module, and cut to
+        the public bounds of step ``after`` (`_within`)."""
         gam = clamp_limit(self.gamma, self.fm.nominal_dtype, self.dtype)
 
         def evaluate(theta, velocity, c, group, buffers, cap, units):
@@ -443,6 +489,9 @@ class _Trainer:
                 th = theta[n].map(lambda t: t[group])
                 v = None if velocity is None else velocity[n].map(lambda t: t[group])
                 out_theta[n], out_v[n] = self.rule.bounds(th, v, d[n], lr, first_step, self.fm)
+                out_theta[n] = _within(out_theta[n], public.params[after][n])
+                if out_v[n] is not None:
+                    out_v[n] = _within(out_v[n], public.velocity[after][n])
             has_v = any(v is not None for v in out_v.values())
             return out_theta, (out_v if has_v else None)
         return evaluate
@@ -456,10 +505,6 @@ class _Trainer:
         k_list = tuple(cfg.k_values) if with_bounds else (0,)
         k_tensor = torch.tensor(k_list, dtype=torch.int64, device=self.device)
         K = len(k_list)
-        if with_bounds and self.x_overflows:
-            raise DataError(f"some training features overflow {cfg.dtype} (|x| above "
-                            f"{torch.finfo(self.dtype).max:.3g}); rescale the data or train "
-                            "in float64")
         theta = {n: self.init[n].clone() for n in self.trainable}
         buf: dict[str, torch.Tensor | None] = {n: None for n in self.trainable}
         boxes = vboxes = None
@@ -471,6 +516,10 @@ class _Trainer:
             vboxes = {n: None for n in self.trainable}
         orders = epoch_orders(self.n, cfg.n_epochs, cfg.seed)
         plan = [(e, b) for e in range(cfg.n_epochs) for b in _batches(orders[e], self.batch_size)]
+        lrs = [round_to(cfg.learning_rate_at(step), self.dtype) for step in range(len(plan))]
+        # bounds on every run's parameters from the config alone: the overflow refusal and
+        # the records marked at each step read nothing else (README, What is private)
+        public = self._public_magnitudes(lrs) if interval_pass else None
         # per-epoch placement budget (agt/placement.py); with one batch per epoch it gives
         # the paper's boxes, which the paper pass computes faster
         budget = None
@@ -481,7 +530,7 @@ class _Trainer:
         ball_steps, whole_beta = [], None
         for step, (epoch, batch) in enumerate(bar):
             idx = torch.as_tensor(batch, device=self.device)
-            lr = round_to(cfg.learning_rate_at(step), self.dtype)
+            lr = lrs[step]
             if self.stability is not None and with_bounds:
                 if len(batch) < self.n:
                     beta = self.stability.batch_beta(self.x_bounds[idx])
@@ -499,9 +548,9 @@ class _Trainer:
             if interval_pass and bounds_callback is not None:
                 bounds_callback(StepBounds(step, batch, lr, boxes, vboxes))
             if interval_pass:
-                self._overflow_guard(boxes, vboxes, lr)
+                self._mark_records(public.params[step])
             if budget is not None:
-                budget.step(self._budget_evaluator(idx, lr, step == 0))
+                budget.step(self._budget_evaluator(idx, lr, step == 0, public, step + 1))
                 if step + 1 == len(plan) or plan[step + 1][0] != epoch:
                     budget.end_epoch()
             elif interval_pass:
@@ -510,8 +559,10 @@ class _Trainer:
                 for n in self.trainable:
                     new_boxes[n], new_v[n] = self.rule.bounds(boxes[n], vboxes[n], d_boxes[n],
                                                               lr, step == 0, self.fm)
-                boxes = {n: _monotone_in_k(b) for n, b in new_boxes.items()}
-                vboxes = {n: (_monotone_in_k(v) if v is not None else None) for n, v in new_v.items()}
+                boxes = {n: _within(_monotone_in_k(b), public.params[step + 1][n])
+                         for n, b in new_boxes.items()}
+                vboxes = {n: (_within(_monotone_in_k(v), public.velocity[step + 1][n])
+                              if v is not None else None) for n, v in new_v.items()}
             for n in self.trainable:
                 theta[n], buf[n] = self.rule.nominal(theta[n], buf[n], direction[n], lr)
             if budget is not None:
@@ -521,8 +572,7 @@ class _Trainer:
             if step_callback is not None:
                 step_callback(step, theta, boxes)
         bar.close()
-        if interval_pass:
-            self._overflow_guard(boxes, vboxes, 0.0)
+        self.beyond = None
         nominal = {k: v.clone() for k, v in self.init.items()}
         nominal.update(theta)
         lower = upper = ball = None
@@ -627,6 +677,14 @@ def _monotone_in_k(box: Interval) -> Interval:
     """Make boxes nested in k (box(k) inside box(k+1)): a sound widening, exact in exact
     arithmetic where the top-k rule is already monotone; removes rounding artefacts."""
     return nested_along_first(box)
+
+
+def _within(box: Interval, bound: float) -> Interval:
+    """``box`` cut to [-bound, bound], a bound that every run's value satisfies
+    (`UpdateRule.public_magnitudes`): still sound, exact (a clamp), and the same cut for D
+    and every neighbour, so computed boxes that nest still nest. It keeps the float64 bound
+    arithmetic of later steps far from overflow however loose the boxes grow."""
+    return Interval(box.lo.clamp(-bound, bound), box.hi.clamp(-bound, bound))
 
 
 def _check_contains(boxes: dict[str, Interval], theta: dict[str, torch.Tensor], step: int) -> None:

@@ -81,6 +81,43 @@ class Network:
             worst = torch.maximum(worst, act)
         return worst, fans
 
+    def gradient_magnitudes(self, param_mags: dict, x_mag, input_shape: tuple[int, ...]):
+        """A-priori bound on every intermediate of the nominal per-sample gradient
+        computation, for parameters with |p| <= ``param_mags[name]`` (floats) and inputs
+        with |x| <= ``x_mag`` (a float or float64 tensor, one bound per record), under a loss
+        whose gradient in each logit is <= 1 in magnitude (both losses: softmax - onehot and
+        sigmoid - y).
+
+        Forward as `forward_magnitudes`. Backward: the delta at the output of the last layer
+        is <= 1; a ReLU mask and a flatten keep the bound; a parametrised layer above the
+        first multiplies it by its factor fan-out |W| (every partial sum of W^T delta, and
+        of a conv's fold, included). Per-sample parameter gradients: a weight entry is a sum
+        over the layer's P output positions (P = 1 for a linear layer) of delta times an
+        input entry, so it and its partial sums are <= P delta A_in; a bias entry <= P
+        delta. Returns the largest bound, a float64 tensor shaped like ``x_mag``."""
+        shapes = infer_shapes(self.layers, tuple(input_shape))
+        act = torch.as_tensor(x_mag, dtype=torch.float64)
+        worst = act
+        params = []                        # (input bound, fan-out factor, positions)
+        for pos, (idx, layer, _) in enumerate(self._indexed()):
+            if layer.kind not in ("linear", "conv2d"):
+                continue
+            area = layer.kernel ** 2 if layer.kind == "conv2d" else 1
+            positions = shapes[pos + 1][1] * shapes[pos + 1][2] if layer.kind == "conv2d" else 1
+            w = float(param_mags.get(f"{idx}.weight", 0.0))
+            params.append((act, layer.out_features * area * w, positions))
+            act = layer.in_features * area * w * act + float(param_mags.get(f"{idx}.bias", 0.0))
+            worst = torch.maximum(worst, act)
+        delta = 1.0
+        for i in range(len(params) - 1, -1, -1):
+            a_in, fan, positions = params[i]
+            worst = torch.maximum(worst, positions * delta * a_in)
+            worst = torch.clamp_min(worst, positions * delta)
+            if i > 0:
+                delta *= fan
+                worst = torch.clamp_min(worst, delta)
+        return worst
+
     # -- bounds ------------------------------------------------------------------------
     def forward_bounds(self, params: dict[str, Interval], x: torch.Tensor, fm: FloatModel):
         """x: exact float64 (b, ...) data; params: Interval (G, ...). Returns logits

@@ -18,10 +18,15 @@ from agt.errors import BundleError, ConfigError, DataError
 from agt.stability import StabilityProblem, StabilityStep
 from agt.store import from_result, validate_bundle
 from agt.tensors import predicted_classes
+from agt.interval import Interval
+from agt.optim import round_to
 from agt.training import train, train_nominal
+import agt.training as training_mod
 
 from tests.agt.test_stability import R, ball_data, distance, head
-from tests.helpers import logits
+from tests.agt.test_training import assert_steps_nest
+from tests.helpers import (LOGISTIC, LOGISTIC_CE, MLP, blobs, classes, config, inside, logits,
+                           with_train)
 
 F32 = float(torch.finfo(torch.float32).max)
 
@@ -220,3 +225,147 @@ def test_momentum_that_could_overflow_is_refused(tmp_path):
     assert not bool(torch.isfinite(other["0.weight"]).all()), "the neighbour overflows"
     with pytest.raises(DataError, match="could overflow"):
         train(cfg, ds)
+
+
+# -- the interval pass: refusals from the config alone, records that could overflow marked --
+def _huge_records(ds, value: float, count: int = 20):
+    x = ds.x_train.copy()
+    x[:count] = 0.0
+    x[:count, 0] = value
+    return with_train(ds, x, ds.y_train.copy())
+
+
+def test_a_marked_record_keeps_the_nominal_gradient_inside_its_bound():
+    """Twenty float32 records whose logit overflows at the parameters of the box (softmax of
+    an infinite logit is NaN, which the nominal rule counts as 0) while the float64 interval
+    computes the saturated gradient +-gamma: an adversarial review's neighbour left its
+    k = 1 box this way. A record that could overflow gets the whole clamp range instead,
+    which holds the 0; without the marking (the weakened version) the mean leaves its
+    bound."""
+    ds = _huge_records(blobs(200, seed=13), 1.9e38)
+    cfg = config(LOGISTIC_CE, clip_gamma=0.1, k_values=[0], dtype="float32")
+    trainer = training_mod._Trainer(cfg, ds, torch.device("cpu"))
+    theta = {"0.weight": torch.zeros(2, 6), "0.bias": torch.zeros(2)}
+    theta["0.weight"][0, 0] = 2.0                   # logit 3.8e38: inf in float32
+    idx = torch.arange(ds.n_train)
+    with torch.no_grad():
+        z = logits(trainer.spec, theta, ds.x_train[:20], torch.float32)
+    assert not bool(torch.isfinite(z).all()), "the records' logits overflow"
+    direction, _ = trainer.nominal_direction(theta, idx)
+    boxes = {n: Interval.exact(t.to(torch.float64).unsqueeze(0)) for n, t in theta.items()}
+    k = torch.tensor([0])
+
+    def holds() -> bool:
+        d = trainer.descent_bounds(boxes, k, idx, shared=False)
+        return all(bool(d[n].contains(direction[n].to(torch.float64).unsqueeze(0)).all())
+                   for n in theta)
+
+    trainer._mark_records({n: float(t.abs().max()) for n, t in theta.items()})
+    assert trainer.beyond is not None and int(trainer.beyond.sum()) == 20
+    assert holds()
+    trainer.beyond = None
+    assert not holds(), "the weakened version (no marking) must leave the bound"
+
+
+@pytest.mark.parametrize("value,dtype", [(1.9e38, "float32"), (1e39, "float32"),
+                                         (1e307, "float64")])
+def test_data_that_could_overflow_trains_and_its_neighbours_stay_inside(value, dtype):
+    """Records that could overflow the dtype (1e39: inf once cast to float32) used to make
+    training refuse, judged on the records, so one record decided whether D' trained where
+    D did. Now they train with their whole clamp range; retrained neighbours (a marked record
+    replaced by an ordinary one or relabelled, an ordinary record replaced by a marked one)
+    stay inside the k = 1 box, the computed boxes nest at every step, and a certified test
+    query keeps its class on every neighbour."""
+    base = blobs(200, seed=13)
+    ds = _huge_records(base, value)
+    cfg = config(LOGISTIC_CE, n_epochs=3, clip_gamma=0.1, learning_rate=2.0, lr_decay=0.0,
+                 k_values=[0, 1, 2], dtype=dtype)
+    kept = []
+    res = train(cfg, ds, bounds_callback=kept.append)
+    validate_bundle(from_result(res))
+    cert = Certifier(from_result(res)).certify(ds.x_test)
+    assert (cert.max_certified_k >= 1).any(), "the test exercises certified queries"
+    rng = np.random.default_rng(0)
+    neighbours = []
+    x, y = ds.x_train.copy(), ds.y_train.copy()
+    x[3] = base.x_train[3]                                   # a marked record made ordinary
+    neighbours.append((x, y))
+    x, y = ds.x_train.copy(), ds.y_train.copy()
+    y[5] = 1 - y[5]                                          # a marked record relabelled
+    neighbours.append((x, y))
+    x, y = ds.x_train.copy(), ds.y_train.copy()
+    x[150], y[150] = x[0], 1 - y[0]                          # an ordinary record made huge
+    neighbours.append((x, y))
+    x, y = ds.x_train.copy(), ds.y_train.copy()
+    i = int(rng.integers(20, len(y)))
+    y[i] = 1 - y[i]                                          # an ordinary label flipped
+    neighbours.append((x, y))
+    torch_dtype = torch.float32 if dtype == "float32" else torch.float64
+    for t, (x2, y2) in enumerate(neighbours):
+        other = with_train(ds, x2, y2)
+        params = train_nominal(cfg, other)
+        ok, msg = inside(params, res.lower, res.upper, 1)
+        assert ok, f"neighbour {t}: {msg}"
+        kept2 = []
+        train(cfg, other, bounds_callback=kept2.append)
+        assert_steps_nest(kept, kept2, f"neighbour {t}")
+        pred = classes(logits(res.spec, params, ds.x_test, torch_dtype))
+        assert not ((cert.max_certified_k >= 1) & (pred != cert.prediction)).any()
+
+
+@pytest.mark.parametrize("case", ["update", "momentum", "gradient"])
+def test_the_overflow_refusal_reads_no_record(case):
+    """Training refuses when the nominal run could overflow for *some* dataset: the bound
+    comes from the config alone (`UpdateRule.public_magnitudes`), so D, D with huge records
+    and a dataset of zeros refuse alike, and the settings just below train alike."""
+    base = blobs(200, seed=13)
+    kw = dict(n_epochs=2, clip_gamma=0.1, learning_rate=1.0, lr_decay=0.0,
+              k_values=[0, 1, 2], dtype="float32")
+    bad = {"update": dict(learning_rate=1e30, clip_gamma=1e10),
+           "momentum": dict(optimizer="sgdm", momentum=0.9, learning_rate=1e27,
+                            clip_gamma=1e10, n_epochs=3),
+           # updates stay below the limit; the hidden layer's products do not
+           "gradient": dict(clip_gamma=1e36)}[case]
+    model = MLP if case == "gradient" else LOGISTIC_CE
+    datasets = [base, _huge_records(base, 1e39),
+                with_train(base, np.zeros_like(base.x_train), base.y_train.copy())]
+    messages = set()
+    for ds in datasets:
+        with pytest.raises(DataError, match="could overflow") as err:
+            train(config(model, **{**kw, **bad}), ds)
+        messages.add(str(err.value))
+    assert len(messages) == 1, "the refusal must not depend on the records"
+    for ds in datasets:
+        train(config(model, **kw), ds)
+
+
+@pytest.mark.parametrize("optimizer", [dict(), dict(l2_reg=0.05),
+                                       dict(optimizer="sgdm", momentum=0.9),
+                                       dict(optimizer="sgdm", momentum=0.9, nesterov=True),
+                                       dict(optimizer="sgdm", momentum=0.5, dampening=0.3,
+                                            l2_reg=0.01)])
+def test_public_magnitudes_bound_every_run_and_are_attained(tmp_path, optimizer):
+    """|theta_t| <= P_t for the nominal run on any dataset. From zero weights, records of
+    one class whose per-sample gradient clamps on every weight at every step make the run
+    grow as fast as the bound (within 1e-4, the bound's rounding margin of 32 u per
+    quantity and step; without L2, whose term the bound charges with the worst sign), so a
+    recursion that forgot a term (the momentum, the nesterov look-ahead, a step) would fail
+    here; ordinary data stays below."""
+    base = blobs(200, seed=13)
+    saturating = with_train(base, np.full_like(base.x_train, 0.5), np.ones_like(base.y_train))
+    init = _init(tmp_path, **{"0.weight": np.zeros((1, 6)), "0.bias": [0.0]})
+    cfg = config(LOGISTIC, "binary_cross_entropy", n_epochs=6, clip_gamma=0.01,
+                 learning_rate=0.5, lr_decay=0.2, k_values=[0, 1], dtype="float32",
+                 pretrained=init, **optimizer)
+    lrs = [round_to(cfg.learning_rate_at(t), torch.float32) for t in range(6)]
+    for ds in (base, saturating):
+        public = training_mod._Trainer(cfg, ds, torch.device("cpu"))._public_magnitudes(lrs)
+        seen = []
+        train(cfg, ds, step_callback=lambda step, theta, boxes: seen.append(
+            {n: float(v.abs().max()) for n, v in theta.items()}))
+        for t, mags in enumerate(seen):
+            for name, mag in mags.items():
+                assert mag <= public.params[t + 1][name], (t, name)
+        if ds is saturating and not optimizer.get("l2_reg"):
+            for t, mags in enumerate(seen):
+                assert mags["0.weight"] >= public.params[t + 1]["0.weight"] * (1 - 1e-4), t

@@ -355,10 +355,15 @@ def test_relations_recorded():
     assert set(full.relations) == {REPLACE, ADD_REMOVE}
     n, k_max = len(ds.y_train), 8
     assert set(train(config(LOGISTIC_CE, batch_size="full"), ds).relations) == {REPLACE, ADD_REMOVE}
-    # an integer batch covers add-remove only when every neighbour within max(k) is one batch
-    assert train(config(LOGISTIC_CE, batch_size=n), ds).relations == (REPLACE,)
-    assert train(config(LOGISTIC_CE, batch_size=n + k_max - 1), ds).relations == (REPLACE,)
-    assert set(train(config(LOGISTIC_CE, batch_size=n + k_max), ds).relations) == {REPLACE, ADD_REMOVE}
+    # an integer batch never claims add-remove, even when every neighbour within max(k) is
+    # one batch: the claim would depend on n, which add-remove neighbours do not share
+    for batch in (n, n + k_max - 1, n + k_max, 10 * n):
+        assert train(config(LOGISTIC_CE, batch_size=batch), ds).relations == (REPLACE,)
+    # ... so D and D plus one record claim the same relations under every batch setting
+    bigger = blobs(201, seed=13)
+    for batch in ("full", n + k_max, n + k_max + 1):
+        assert train(config(LOGISTIC_CE, batch_size=batch), ds).relations == \
+            train(config(LOGISTIC_CE, batch_size=batch), bigger).relations
     mini = train(config(LOGISTIC_CE, batch_size=50), ds)
     assert mini.relations == (REPLACE,)
     assert mini.order.shape == (2, len(ds.y_train))
@@ -516,14 +521,6 @@ def test_one_overflowing_record_stays_inside_the_boxes(model, loss, dtype, big):
     assert not ((cert.max_certified_k >= 1) & (pred2 != cert.prediction)).any()
 
 
-def test_training_data_that_overflows_the_dtype_is_refused():
-    ds = blobs(100, seed=4)
-    x = ds.x_train.copy()
-    x[3, 0] = 1e39
-    with pytest.raises(DataError, match="overflow float32"):
-        train(config(LOGISTIC_CE, dtype="float32"), with_train(ds, x, ds.y_train.copy()))
-
-
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_computed_boxes_nest_on_neighbours_at_every_step(dtype):
     """box_t(D', k - 1) inside box_t(D, k) for the *computed* boxes, every step: the real
@@ -566,27 +563,6 @@ def test_relu_boxes_nest_exactly_on_neighbours_at_every_step(dtype, batch):
         kept2 = []
         train(cfg, one_record_neighbour(ds, kind, rng, far=30.0), bounds_callback=kept2.append)
         assert_steps_nest(kept, kept2, kind)
-
-
-@pytest.mark.parametrize("case", ["kept-record-logits", "update"])
-def test_training_that_could_overflow_the_dtype_is_refused(case):
-    """The bounds model rounding, not overflow (an adversarial review: twenty records with a
-    finite float32 feature of 1.9e38 stayed finite on D, but on a one-label neighbour their
-    logits overflowed, their NaN gradients counted as 0 where the float64 interval said
-    +-gamma, and the neighbour left the k = 1 box). Training refuses when any intermediate
-    could come near the dtype's largest value; ordinary data trains as before."""
-    ds = blobs(200, seed=13)
-    x = ds.x_train.copy()
-    kw = dict(n_epochs=2, clip_gamma=0.1, learning_rate=10.0, lr_decay=0.0,
-              k_values=[0, 1, 2], dtype="float32")
-    if case == "kept-record-logits":
-        x[:20] = 0.0
-        x[:20, 0] = 1.9e38
-    else:
-        kw.update(learning_rate=1e30, clip_gamma=1e10)
-    with pytest.raises(DataError, match="could overflow"):
-        train(config(LOGISTIC_CE, **kw), with_train(ds, x, ds.y_train.copy()))
-    train(config(LOGISTIC_CE, **{**kw, "learning_rate": 1.0, "clip_gamma": 0.1}), ds)
 
 
 @pytest.mark.parametrize("prefix", ["conv", "linear"])

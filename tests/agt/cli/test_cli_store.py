@@ -350,7 +350,7 @@ def test_bundle_round_trip(trained, blobs):
 
 
 def test_write_read_bundle_api(tmp_path, blobs):
-    cfg = load_config(write(tmp_path / "c.yaml", CONFIG)).replace(batch_size=10_000,
+    cfg = load_config(write(tmp_path / "c.yaml", CONFIG)).replace(batch_size="full",
                                                                   k_values="0..3")
     result = train(cfg, blobs)
     bundle = from_result(result)
