@@ -169,7 +169,7 @@ class Certifier:
         overflowed a float32 prefix to inf while the float64 features stayed finite)."""
         mags = dict(self.frozen_magnitude)
         mags.update({n: m[j] for n, m in self.box_magnitude.items()})
-        worst, _ = self.full.forward_magnitudes(mags, x_mag)
+        worst = self.full.forward_magnitudes(mags, x_mag)
         return worst <= torch.finfo(self.dtype).max / 16.0
 
     def _ball_certified(self, feats: torch.Tensor, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,10 @@ most 1 between neighbouring datasets (box(D', g_{j-1}) lies inside box(D', g_j -
 box(D, g_j)), which is what smooth mechanisms need (DESIGN.md "The smooth bound must itself be
 smooth"); the value g_j would not be.
 
-Every k must stay below the batch size (`require_below`): the top-k rule removes k of the b
-per-sample gradients of a batch.
+Every k must stay below an integer batch size (`require_below`): the top-k rule removes k of
+the b per-sample gradients of a batch, and k >= b certifies nothing. Under ``batch_size:
+full`` the trainer does not check: b is then n, which add-remove neighbours do not share, and
+the rule stays sound for k >= b (the bound becomes the clamp range, agt/topk.py).
 """
 
 from __future__ import annotations

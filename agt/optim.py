@@ -81,22 +81,32 @@ class UpdateRule:
         return theta - lr * direction, buf
 
     def public_magnitudes(self, start: dict[str, float], lrs: list[float], d_max: float,
-                          unit_roundoff: float) -> "PublicMagnitudes":
+                          dtype: torch.dtype) -> "PublicMagnitudes":
         """Bounds on |theta_t| and |v_t| per parameter tensor that hold for the nominal run
         on *every* dataset, from the config alone: ``start`` the largest |entry| of each
         initial tensor, ``lrs`` the rounded learning rate of every step, ``d_max`` a bound
-        on every entry of the mean clamped gradient d (whatever the records: each clamped
-        per-sample gradient is <= the clamp limit).
+        on every entry of the mean clamped gradient d whatever the records (the nominal
+        rule clamps the mean too, agt/training.py), ``dtype`` the nominal dtype.
 
         Recursion (the nominal rule above, |.| of each intermediate; m = |momentum|, a =
         |1 - dampening|): G = d_max + l2 P_t for g; sgd: P_{t+1} = P_t + lr G; sgdm:
         V_{t+1} = G at the first step, m V_t + a G afterwards, dir = G + m V_{t+1}
-        (nesterov) or V_{t+1}, P_{t+1} = P_t + lr dir. Each quantity is multiplied by
-        1 + 32 u: the nominal computes it with at most 8 roundings of u each (relative,
-        to nearest) and this float64 recursion with at most 8 more, each <= u.
+        (nesterov) or V_{t+1}, P_{t+1} = P_t + lr dir. Rounding: every operation of the
+        nominal rule (a product or a sum) is off by at most u |x| + eta (to nearest; eta
+        half the smallest subnormal step of the dtype, the absolute error of a product that
+        underflows: without it a zero weight stepped by a subnormal lr d exceeded the bound,
+        found by a review), and its mirror in this float64 recursion by at most as much, so
+        the result q of each is charged as q (1 + 32 u) + 16 eta, generously.
         ``worst[t]``: the largest intermediate of update t (g, the velocity terms, the
         direction, lr dir, the new parameters)."""
-        grow = 1.0 + 32.0 * unit_roundoff
+        info = torch.finfo(dtype)
+        u = info.eps / 2.0
+        eta = max(info.tiny * u, 5e-324)
+        grow, floor = 1.0 + 32.0 * u, 16.0 * eta
+
+        def charged(q: float) -> float:
+            return q * grow + floor
+
         m, a, l2 = abs(self.momentum), abs(self.damp1), abs(self.l2)
         params = [dict(start)]
         velocity = [{n: 0.0 for n in start}]
@@ -105,17 +115,18 @@ class UpdateRule:
             lr = abs(lr)
             new_p, new_v, top = {}, {}, 0.0
             for n, p in params[-1].items():
-                g = (d_max + l2 * p) * grow
+                g = charged(d_max + charged(l2 * p))
                 if self.optimizer == "sgd":
                     v, direction, terms = 0.0, g, (g,)
                 else:
                     v_prev = velocity[-1][n]
-                    v = g if t == 0 else (m * v_prev + a * g) * grow
-                    direction = (g + m * v) * grow if self.nesterov else v
-                    terms = (g, v, direction, m * v_prev * grow, a * g * grow)
-                new_p[n] = (p + lr * direction * grow) * grow
+                    v = g if t == 0 else charged(charged(m * v_prev) + charged(a * g))
+                    direction = charged(g + charged(m * v)) if self.nesterov else v
+                    terms = (g, v, direction, charged(m * v_prev), charged(a * g))
+                step = charged(lr * direction)
+                new_p[n] = charged(p + step)
                 new_v[n] = v
-                top = max(top, new_p[n], lr * direction * grow, *terms)
+                top = max(top, new_p[n], step, *terms)
             params.append(new_p)
             velocity.append(new_v)
             worst.append(top)

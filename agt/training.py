@@ -10,7 +10,8 @@ Nominal training rule (what the bundle's nominal parameters are; anyone can re-r
 per-sample gradients of the loss (agt/bounded; with config ``clip_norm`` C, bound method
 stability only, of each record's clipped loss, whose gradient has L2 norm <= C:
 agt/stability.py), clamped elementwise to [-gamma, gamma],
-summed in float64 and divided by the batch size, rounded once to the training dtype (under
+summed in float64 and divided by the batch size, rounded once to the training dtype and
+clamped to [-gamma, gamma] again (an ulp of rounding; since 0.3.7) (under
 stability with ``k_boxes: ball`` the logits and per-sample gradients are computed in
 float64 too, from the dtype parameters and records);
 update by agt/optim.py with lr_t = max(lr / (1 + lr_decay t), lr_min); batches: epoch e
@@ -185,7 +186,10 @@ class _Trainer:
         check_labels(ds, self.spec.n_classes)
         self.n = ds.n_train
         self.batch_size = cfg.batch_for(self.n)
-        cfg.k_values.require_below(self.batch_size)
+        if not cfg.full_batch:
+            # under `full` the batch is n, which add-remove neighbours do not share: k >= n
+            # is allowed there (the bound is then the clamp range, agt/topk.py)
+            cfg.k_values.require_below(self.batch_size)
         # from the config alone: a test on n would make the claim depend on the data
         self.relations = (REPLACE, ADD_REMOVE) if cfg.full_batch else (REPLACE,)
         self.stability = None
@@ -250,7 +254,7 @@ class _Trainer:
             return raw
         frozen = {k: float(v.abs().max()) for k, v in self.init.items()
                   if k not in self.trainable}
-        return self.prefix.forward_magnitudes(frozen, raw)[0]
+        return self.prefix.forward_magnitudes(frozen, raw)
 
     def _public_magnitudes(self, lrs: list[float]):
         """Bounds on the nominal run's parameters at every step, from the config alone
@@ -259,17 +263,16 @@ class _Trainer:
         come near the dtype's largest value. Nothing here reads a record, so D and every
         neighbour refuse or train alike (records that could overflow are `_mark_records`'
         business)."""
-        gam = clamp_limit(self.gamma, self.fm.nominal_dtype, self.dtype)
-        # the mean of <= n clamped values, summed in float64 and rounded to the dtype
-        d_max = gam * (1.0 + (self.n + 2) * 2.0 ** -52) * (1.0 + self.fm.unit_roundoff)
+        # the nominal mean is clamped to gamma as the dtype holds it (`nominal_direction`)
+        d_max = round_to(self.gamma, self.dtype)
         start = {n: float(self.init[n].abs().max()) if self.init[n].numel() else 0.0
                  for n in self.trainable}
-        public = self.rule.public_magnitudes(start, lrs, d_max, self.fm.unit_roundoff)
+        public = self.rule.public_magnitudes(start, lrs, d_max, self.dtype)
         limit = torch.finfo(self.dtype).max / 16.0
         shape = tuple(self.x_nominal.shape[1:])
-        for t, params in enumerate(public.params):
-            worst = max(float(self.net.gradient_magnitudes(params, 0.0, shape)),
-                        public.worst[t] if t < len(public.worst) else 0.0)
+        for t, worst_update in enumerate(public.worst):
+            worst = max(float(self.net.gradient_magnitudes(public.params[t], 0.0, shape)),
+                        worst_update)
             if not worst <= limit:
                 raise DataError(f"the {self.cfg.dtype} training computation could overflow "
                                 f"(at step {t}, an intermediate of magnitude up to {worst:.3g} "
@@ -343,7 +346,11 @@ class _Trainer:
                 for acc in stats.values():
                     acc.samples_seen(len(fidx))
         b = len(idx)
-        direction = {n: (s / b).to(self.dtype).reshape(theta[n].shape) for n, s in sums.items()}
+        # the mean of values in [-gamma, gamma] lies there too, but its float64 rounding
+        # can exceed gamma by an ulp (0.1 three times); clamped in the dtype, as the bounds'
+        # final clamp and `UpdateRule.public_magnitudes` assume (since 0.3.7)
+        direction = {n: (s / b).to(self.dtype).clamp(-self.gamma, self.gamma).reshape(theta[n].shape)
+                     for n, s in sums.items()}
         return direction, stats
 
     @staticmethod

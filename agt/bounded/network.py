@@ -61,25 +61,23 @@ class Network:
                  else clipped_loss_grad_nominal(loss, z, y, clip_floor))
         return self._backward(params, caches, delta, nominal=True, fm=None)
 
-    def forward_magnitudes(self, param_mags: dict, x_mag):
+    def forward_magnitudes(self, param_mags: dict, x_mag) -> torch.Tensor:
         """A-priori magnitudes of the nominal forward pass, for parameters with |p| <=
-        ``param_mags[name]`` and inputs with |x| <= ``x_mag`` (floats, or float64 tensors
-        that broadcast: one bound per query). A layer of fan-in f (times the kernel area)
-        gives every activation *and every partial sum* of its dot products <= f |W| A + |b|;
-        ReLU and flatten keep the bound. Returns (the largest such bound over the layers, a
-        float64 tensor, and per parametrised layer the factor fan-out |W| by which a
-        backward delta can grow)."""
+        ``param_mags[name]`` (floats, or float64 tensors that broadcast: one bound per
+        query) and inputs with |x| <= ``x_mag`` (likewise). A layer of fan-in f (times the
+        kernel area) gives every activation *and every partial sum* of its dot products
+        <= f |W| A + |b|; ReLU and flatten keep the bound. Returns the largest such bound
+        over the layers (the input's included), a float64 tensor."""
         act = torch.as_tensor(x_mag, dtype=torch.float64)
-        worst, fans = act, []
+        worst = act
         for idx, layer, _ in self._indexed():
             if layer.kind not in ("linear", "conv2d"):
                 continue
             area = layer.kernel ** 2 if layer.kind == "conv2d" else 1
             w = torch.as_tensor(param_mags.get(f"{idx}.weight", 0.0), dtype=torch.float64)
             act = layer.in_features * area * w * act + param_mags.get(f"{idx}.bias", 0.0)
-            fans.append(layer.out_features * area * w)
             worst = torch.maximum(worst, act)
-        return worst, fans
+        return worst
 
     def gradient_magnitudes(self, param_mags: dict, x_mag, input_shape: tuple[int, ...]):
         """A-priori bound on every intermediate of the nominal per-sample gradient

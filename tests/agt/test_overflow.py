@@ -316,8 +316,9 @@ def test_data_that_could_overflow_trains_and_its_neighbours_stay_inside(value, d
 @pytest.mark.parametrize("case", ["update", "momentum", "gradient"])
 def test_the_overflow_refusal_reads_no_record(case):
     """Training refuses when the nominal run could overflow for *some* dataset: the bound
-    comes from the config alone (`UpdateRule.public_magnitudes`), so D, D with huge records
-    and a dataset of zeros refuse alike, and the settings just below train alike."""
+    comes from the config alone (`UpdateRule.public_magnitudes`), so D, D with huge records,
+    a dataset of zeros and D with one record fewer refuse alike, and the ordinary settings
+    train alike."""
     base = blobs(200, seed=13)
     kw = dict(n_epochs=2, clip_gamma=0.1, learning_rate=1.0, lr_decay=0.0,
               k_values=[0, 1, 2], dtype="float32")
@@ -328,7 +329,8 @@ def test_the_overflow_refusal_reads_no_record(case):
            "gradient": dict(clip_gamma=1e36)}[case]
     model = MLP if case == "gradient" else LOGISTIC_CE
     datasets = [base, _huge_records(base, 1e39),
-                with_train(base, np.zeros_like(base.x_train), base.y_train.copy())]
+                with_train(base, np.zeros_like(base.x_train), base.y_train.copy()),
+                with_train(base, base.x_train[1:], base.y_train[1:])]      # one record fewer
     messages = set()
     for ds in datasets:
         with pytest.raises(DataError, match="could overflow") as err:
@@ -369,3 +371,83 @@ def test_public_magnitudes_bound_every_run_and_are_attained(tmp_path, optimizer)
         if ds is saturating and not optimizer.get("l2_reg"):
             for t, mags in enumerate(seen):
                 assert mags["0.weight"] >= public.params[t + 1]["0.weight"] * (1 - 1e-4), t
+
+
+def _zeros_init(tmp_path) -> str:
+    return _init(tmp_path, **{"0.weight": np.zeros((1, 6)), "0.bias": [0.0]})
+
+
+def test_public_bounds_hold_where_steps_underflow(tmp_path):
+    """A review's case: zero initial weights stepped by lr d = 2^-148 * 0.3 in float32,
+    whose product underflows to the subnormal 2^-149, above the bound 0.6 * 2^-149 that a
+    purely relative rounding model gave. The boxes are cut to the public bounds
+    (`_within`), so a one-label neighbour left the k = 1 box, and under add-remove the
+    boxes of D and of D plus one record stopped nesting. Every operation is now charged an
+    absolute half subnormal step too."""
+    base = blobs(20)
+    cfg = config(LOGISTIC, "binary_cross_entropy", dtype="float32", clip_gamma=0.3,
+                 learning_rate=2.0 ** -148, lr_decay=0.0, n_epochs=1, k_values=[0, 1, 2],
+                 pretrained=_zeros_init(tmp_path))
+    x = np.zeros((10, 6))
+    ds = with_train(base, x, np.array([1] * 9 + [0]))
+    kept = []
+    res = train(cfg, ds, bounds_callback=kept.append)
+    relabelled = train_nominal(cfg, with_train(base, x, np.ones(10, dtype=np.int64)))
+    assert float(relabelled["0.bias"]) > 0.0, "the step is a subnormal"
+    ok, msg = inside(relabelled, res.lower, res.upper, 1)
+    assert ok, msg
+    train(cfg, with_train(base, x, np.ones(10, dtype=np.int64)))      # D's own check holds
+    kept2 = []
+    train(cfg, with_train(base, np.zeros((11, 6)), np.array([1] * 9 + [0, 0])),
+          bounds_callback=kept2.append)
+    assert_steps_nest(kept, kept2, "one record more")
+
+
+def test_the_nominal_mean_never_exceeds_the_clamp():
+    """Three float64 gradients clamped to 0.1 have the float64 mean 0.1 + 1 ulp, outside the
+    descent bounds' final clamp and the public bounds; the nominal rule clamps the mean
+    (a no-op in exact arithmetic)."""
+    gam = 0.1
+    total = torch.zeros(1, dtype=torch.float64) + torch.full((3,), gam, dtype=torch.float64).sum()
+    assert float(total / 3) > gam, "the float64 mean exceeds the clamp"
+    base = blobs(20)
+    ds = with_train(base, np.full((3, 6), 1e3), np.zeros(3, dtype=np.int64))
+    cfg = config(LOGISTIC, "binary_cross_entropy", clip_gamma=gam, k_values=[0, 1])
+    trainer = training_mod._Trainer(cfg, ds, torch.device("cpu"))
+    theta = {"0.weight": torch.zeros(1, 6, dtype=torch.float64),       # every record's
+             "0.bias": torch.full((1,), 50.0, dtype=torch.float64)}     # gradient clamps
+    direction, _ = trainer.nominal_direction(theta, torch.arange(3))
+    assert float(direction["0.weight"].max()) == gam
+
+
+def test_full_batch_refuses_and_claims_alike_for_every_n():
+    """Under `batch_size: full` the dataset size is not shared by add-remove neighbours, so
+    nothing may depend on it: the k grid may reach n (the bound is the clamp range there),
+    and the overflow refusal's threshold is the same for n and n + 1 (the mean bound once
+    read n, and a review found a clip_gamma that D accepted and D plus one record did not)."""
+    base = blobs(40, seed=2)
+    small = with_train(base, base.x_train[:10], base.y_train[:10])
+    bigger = with_train(base, base.x_train[:11], base.y_train[:11])
+    for ds in (small, bigger):
+        res = train(config(LOGISTIC_CE, k_values="0..12", dtype="float32"), ds)
+        validate_bundle(from_result(res))
+        # an integer batch (replace-one: n is public) still refuses k >= its batch
+        with pytest.raises(ConfigError, match="must be smaller than"):
+            train(config(LOGISTIC_CE, k_values="0..12", batch_size=8), ds)
+    limit = float(torch.finfo(torch.float32).max) / 16
+
+    def accepted(gamma, ds) -> bool:
+        cfg = config(LOGISTIC, "binary_cross_entropy", dtype="float32", clip_gamma=gamma,
+                     learning_rate=1e-30, lr_decay=0.0, n_epochs=1, k_values=[0, 1])
+        try:
+            training_mod._Trainer(cfg, ds, torch.device("cpu"))._public_magnitudes([1e-30])
+            return True
+        except DataError:
+            return False
+
+    lo, hi = limit * (1 - 1e-4), limit
+    assert accepted(lo, small) and not accepted(hi, small)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if accepted(mid, small) else (lo, mid)
+    assert accepted(lo, bigger) and not accepted(hi, bigger)
