@@ -57,11 +57,13 @@ K_PLACEMENTS = ("per-batch", "per-epoch")
 #: bound methods whose radii satisfy r(D') >= r(D) - 1 with a smooth selection rule
 #: (agt/training.py, `served_k0_box`, proves it for served-k0; agt/stability.py for the balls)
 SMOOTH_BOUND_METHODS = ("served-k0", "interval", "stability")
-#: placements whose computed boxes keep that property: "per-epoch" compares neighbours'
-#: boxes through the same number of replaced records on most batches, where the interval
-#: pass is isotone only up to rounding, and a review found ReLU mask decisions that break
-#: it (agt/placement.py, Rounding); its radii are valid certificates but not smooth
-SMOOTH_PLACEMENTS = ("per-batch",)
+#: placements whose computed boxes keep that property, with the first version that proves
+#: it: "per-epoch" compares neighbours' boxes through the same number of replaced records
+#: on most batches, where an ungraded interval pass is isotone only up to rounding (a review
+#: found ReLU mask decisions that break it); since 0.3.7 its passes are graded by the
+#: budget state (agt/placement.py, Rounding). Earlier per-epoch radii are valid
+#: certificates but not smooth.
+SMOOTH_PLACEMENTS = {"per-batch": (0, 0, 0), "per-epoch": (0, 3, 7)}
 #: the first version whose interval passes are graded (agt/interval.py): the computed boxes
 #: of earlier bundles nest only where the float64 pass happened to be isotone
 GRADED_SINCE = (0, 3, 6)
@@ -295,7 +297,7 @@ def config_from_dict(raw: Any) -> TrainConfig:
     device = r.choice("device", "auto", DEVICES)
     dtype = r.choice("dtype", "float64", DTYPES)
     dtype_max = float(np.finfo(dtype).max)
-    for key, value in (("learning_rate", lr), ("clip_gamma", gamma_)):
+    for key, value in (("learning_rate", lr), ("clip_gamma", gamma_), ("l2_reg", l2)):
         if value > dtype_max / 16:
             problems.add(f"{key} = {value:g} is beyond what {dtype} arithmetic can train with "
                          f"(above max({dtype}) / 16 = {dtype_max / 16:.3g}); lower it")

@@ -12,9 +12,9 @@ training dtype): with d the mean clamped gradient,
 Interval rule. Each new quantity is an affine function of the *independent* boxes
 [theta], [v], [d] in which every variable appears once, e.g. for sgdm after the first step
 
-    theta' = (1 - lr c l2) theta - lr c d - lr m2 v,   c = 1 + momentum (1 - dampening)
-                                                       (nesterov; c = 1 - dampening, m2 =
-                                                       momentum otherwise),
+    theta' = (1 - lr c l2) theta - lr c d - lr m2 v,   c = 1 + momentum (1 - dampening),
+                                                       m2 = momentum^2 (nesterov; c = 1 -
+                                                       dampening, m2 = momentum otherwise),
 
 so evaluating it with interval arithmetic gives its exact range over the boxes (sound
 and inclusion-isotone, also with momentum *and* L2: no dependency between theta and v is
@@ -23,12 +23,18 @@ of the nominal dtype (each term sees at most 8 roundings) and of float64, relati
 magnitudes of the nominal computation's *intermediates*: theta enters once as itself and
 once through lr c l2 theta, so its magnitude coefficient is 1 + |lr c l2|, not
 |1 - lr c l2| (which cancels when lr c l2 is near 1 while the roundings of d + l2 theta and
-of lr g stay of size u |theta|: `magnitude_coefficients`).
+of lr g stay of size u |theta|: `magnitude_coefficients`). The coefficients are float64
+products of the rounded constants, each within a few u64 of its exact value as long as no
+product underflows; `check_coefficients` refuses a learning rate where one would (a
+subnormal float64 lr times the momentum rounded to 0 and dropped the velocity's share,
+found by a review).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 
@@ -93,10 +99,12 @@ class UpdateRule:
         V_{t+1} = G at the first step, m V_t + a G afterwards, dir = G + m V_{t+1}
         (nesterov) or V_{t+1}, P_{t+1} = P_t + lr dir. Rounding: every operation of the
         nominal rule (a product or a sum) is off by at most u |x| + eta (to nearest; eta
-        half the smallest subnormal step of the dtype, the absolute error of a product that
-        underflows: without it a zero weight stepped by a subnormal lr d exceeded the bound,
-        found by a review), and its mirror in this float64 recursion by at most as much, so
-        the result q of each is charged as q (1 + 32 u) + 16 eta, generously.
+        the absolute error of a product that underflows: half the smallest subnormal step
+        of float32, float64's smallest subnormal for float64, which is more than half its
+        step; without it a zero weight stepped by a subnormal lr d exceeded the bound, found
+        by a review), and its mirror in this float64 recursion by at most as much, so the
+        result q of each is charged as q (1 + 32 u) + 16 eta, generously; a NaN (from an
+        infinite constant) counts as inf.
         ``worst[t]``: the largest intermediate of update t (g, the velocity terms, the
         direction, lr dir, the new parameters)."""
         info = torch.finfo(dtype)
@@ -105,7 +113,8 @@ class UpdateRule:
         grow, floor = 1.0 + 32.0 * u, 16.0 * eta
 
         def charged(q: float) -> float:
-            return q * grow + floor
+            out = q * grow + floor
+            return out if out == out else math.inf
 
         m, a, l2 = abs(self.momentum), abs(self.damp1), abs(self.l2)
         params = [dict(start)]
@@ -133,21 +142,39 @@ class UpdateRule:
         return PublicMagnitudes(params, velocity, worst)
 
     # -- interval -------------------------------------------------------------------------
-    def coefficients(self, lr: float, first_step: bool) -> tuple[dict, dict | None]:
-        """Affine coefficients {theta, v, d} of theta' and (for sgdm) v'."""
-        lam, mu = self.l2, self.momentum
+    def check_coefficients(self, lr: float, first_step: bool) -> bool:
+        """Whether every coefficient of `coefficients` lies within 8 u64 times its magnitude
+        coefficient (`magnitude_coefficients`, the scale the update's widening charges) of
+        its exact value, computed in rational arithmetic from the same rounded constants.
+        Products of normal float64 numbers always do (a few roundings, relative); false
+        where one underflowed, an absolute error the widening does not charge."""
+        exact_theta, exact_v = self.coefficients(Fraction(lr), first_step, exact=True)
+        got_theta, got_v = self.coefficients(lr, first_step)
+        mag_theta, mag_v = self.magnitude_coefficients(lr, first_step)
+        for exact, got, mag in ((exact_theta, got_theta, mag_theta),
+                                (exact_v or {}, got_v or {}, mag_v or {})):
+            for key, value in exact.items():
+                if abs(Fraction(got[key]) - value) > Fraction(8 * 2.0 ** -53) * Fraction(mag[key]):
+                    return False
+        return True
+
+    def coefficients(self, lr, first_step: bool, exact: bool = False) -> tuple[dict, dict | None]:
+        """Affine coefficients {theta, v, d} of theta' and (for sgdm) v': float64, or with
+        ``exact`` (``lr`` a Fraction) the same formulas in rational arithmetic."""
+        num = Fraction if exact else float
+        lam, mu, damp1, one = num(self.l2), num(self.momentum), num(self.damp1), num(1)
         if self.optimizer == "sgd":
-            return {"theta": 1.0 - lr * lam, "d": -lr}, None
+            return {"theta": one - lr * lam, "d": -lr}, None
         if first_step:
-            v_new = {"theta": lam, "d": 1.0}
-            c = 1.0 + mu if self.nesterov else 1.0
-            return {"theta": 1.0 - lr * c * lam, "d": -lr * c}, v_new
-        v_new = {"theta": self.damp1 * lam, "d": self.damp1, "v": mu}
+            v_new = {"theta": lam, "d": one}
+            c = one + mu if self.nesterov else one
+            return {"theta": one - lr * c * lam, "d": -lr * c}, v_new
+        v_new = {"theta": damp1 * lam, "d": damp1, "v": mu}
         if self.nesterov:
-            c = 1.0 + mu * self.damp1
-            theta_new = {"theta": 1.0 - lr * c * lam, "d": -lr * c, "v": -lr * mu * mu}
+            c = one + mu * damp1
+            theta_new = {"theta": one - lr * c * lam, "d": -lr * c, "v": -lr * mu * mu}
         else:
-            theta_new = {"theta": 1.0 - lr * self.damp1 * lam, "d": -lr * self.damp1,
+            theta_new = {"theta": one - lr * damp1 * lam, "d": -lr * damp1,
                          "v": -lr * mu}
         return theta_new, v_new
 

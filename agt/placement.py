@@ -1,7 +1,7 @@
 """Interval boxes under a per-epoch placement budget (config ``k_placement: per-epoch``).
 
-Valid certificates, tighter on minibatches; no nesting proof for the computed boxes, so not
-for releases that spend radii (Rounding, below).
+Valid certificates, tighter on minibatches; since 0.3.7 the computed boxes of neighbours nest
+(graded passes, Rounding below), so the radii are smooth and feed every release.
 
 The paper's interval pass (Thm 4.6 applied at every step) lets *every* batch hold up to k
 replaced records. Under replace-one the replaced records of a neighbour D'' occupy at most
@@ -66,20 +66,30 @@ boxes, no slack needed, so state 0 of the first epoch, which holds the k = 0 box
 none). Leaks up to 2 w per step are absorbed (fewer in the worst case: two sums of
 different multisets may already use up to 2 w_c of the a-priori allowance).
 
-Not proven, so not claimed: that the computed pass leaks at most that much. A second
-review built a sub-box whose computed ReLU mask flips from active to undecided (the
-pre-activation's lower bound 5e-17 on the box, -1.7e-16 on the sub-box), which widens one
-record's gradient bound to its whole clamp range, gamma / b in the mean: far beyond any
-rounding slack. The per-batch path grades every interval pass by its box's k
-(agt/interval.py, graded widening), which absorbs such leaks; here the passes are not
-graded (grading them by u would leave the first epoch before the changed record, where
-both runs compare one computation with itself at the same grade, to run-to-run
-determinism of the kernels). So bundles trained with ``k_placement: per-epoch`` claim no
-nesting proof (`agt.store.Bundle.smooth_radii` is False, agt/config.py
-SMOOTH_PLACEMENTS): their certificates are valid (the validity argument above needs no
-isotonicity), and releases that spend radii refuse them. The slack stays: it removes the
-rounding-level failures the first review measured. It costs about 1e-7 gamma (k + j') per
-step in float32, 1e-14 gamma in float64.
+Leaks beyond the slack: a second review built a sub-box whose computed ReLU mask flips from
+active to undecided (the pre-activation's lower bound 5e-17 on the box, -1.7e-16 on the
+sub-box), which widens one record's gradient bound to its whole clamp range, gamma / b in
+the mean: far beyond any rounding slack. So (since 0.3.7) every interval pass of the
+programme is graded (agt/interval.py, graded widening) by its box's state: grade j in the
+first epoch's shared chain, cap + j in the per-k chain of budget cap later. By the graded
+lemma a computed pass on a box A inside B at grades g_A <= g_B - 1 stays inside the pass on
+B, whatever the kernels' summation order or mask decisions. Every comparison of the claim
+has that margin on D's side: in later epochs D' at (kappa', j) against D at (kappa, j)
+before s or (kappa, j + 1) after it, with kappa' <= kappa - 1, so kappa' + j <= kappa + j -
+1; in the first epoch after s, D' at j against D at j + 1; on the batch holding s, the
+same source states, D' at kappa' + j against D at kappa + j (later epochs) or both at j
+(first epoch), where the boxes are equal (next sentence) and so are the kept records'
+bounds (the same rows of passes of the same shapes and grouping; a row's floats do not
+depend on the other rows' values). What is left is the first epoch before s: D and D' run
+the same chain on the same batches from the same initial box, so their states are the
+same computation on the same operands and shapes, hence the same floats. Both rest on
+run-to-run determinism of the kernels, the assumption the frozen prefix's features make
+too (agt/training.py, README Soundness). The selection sums of different multisets keep
+the transition slack above. Bundles of agt < 0.3.7 ran ungraded passes and claim no
+nesting proof (`agt.store.Bundle.smooth_radii`, agt/config.py SMOOTH_PLACEMENTS): their
+certificates are valid (the validity argument needs no isotonicity), and releases that
+spend radii refuse them. The slack costs about 1e-7 gamma (k + j') per step in float32,
+1e-14 gamma in float64; grading widens each pass by 8 g times its float64 rounding.
 
 Widening the start boxes to be nested in k (cummin / cummax over the grid, as the
 paper path does each step) keeps both arguments: it only enlarges boxes, and it enlarges
@@ -104,11 +114,12 @@ from agt.errors import SoundnessError
 from agt.interval import BOUND_DTYPE, Interval, nested_along_first
 
 #: evaluate(theta boxes (G, ...), velocity boxes (G, ...) or None, c (L,), group (L,),
-#: buffers (G,), cap, units (L,)) -> (theta (L, ...), velocity (L, ...) or None):
-#: Step_b(box group[l], c[l]) for a chain of budget ``cap``, its descent bound widened by
-#: the transition slack 2 w_cap units[l] (module docstring, Rounding)
+#: buffers (G,), cap, units (L,), grades (G,)) -> (theta (L, ...), velocity (L, ...) or
+#: None): Step_b(box group[l], c[l]) for a chain of budget ``cap``, its descent bound widened
+#: by the transition slack 2 w_cap units[l], each box's interval pass graded by grades[g]
+#: (module docstring, Rounding)
 StepEvaluator = Callable[[dict, dict | None, torch.Tensor, torch.Tensor, list, int,
-                          torch.Tensor], tuple[dict, dict | None]]
+                          torch.Tensor, torch.Tensor], tuple[dict, dict | None]]
 
 
 def successor_counts(j: int, cap: int) -> range:
@@ -221,10 +232,13 @@ class EpochBudgetBoxes:
             group = torch.tensor([g for g, cs in enumerate(counts) for _ in cs],
                                  dtype=torch.int64)
             target = torch.tensor([j + ci for j, cs in zip(states, counts) for ci in cs])
-            # transition slack in units of 2 w_cap (module docstring, Rounding)
+            # transition slack in units of 2 w_cap, and the passes' grades: the budget state
+            # (+ the cap after the first epoch), larger on D's side of every comparison
+            # (module docstring, Rounding)
             units = target if chain.shared else target + chain.cap
+            grades = sel if chain.shared else sel + chain.cap
             out_theta, out_v = evaluate(theta, velocity, c, group, [max(cs) for cs in counts],
-                                        chain.cap, units)
+                                        chain.cap, units, grades)
             for n, box in out_theta.items():
                 _hull_into(new_lo[n], new_hi[n], box, target)
             if out_v is not None:

@@ -116,9 +116,10 @@ class Bundle:
         """Whether radii from these bounds satisfy r(D') >= r(D) - 1 (a nesting proof
         exists for the selection rule, the bound method and the placement that computed
         them)."""
+        since = SMOOTH_PLACEMENTS.get(self.config.get("k_placement", "per-batch"))
         return self.selection in SMOOTH_SELECTIONS and \
             self.bound_method in SMOOTH_BOUND_METHODS and \
-            self.config.get("k_placement", "per-batch") in SMOOTH_PLACEMENTS and \
+            since is not None and _version_tuple(self.agt_version) >= since and \
             self.graded_boxes
 
     @property

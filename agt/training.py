@@ -31,7 +31,7 @@ the balls and no interval pass runs.
 
 Overflow (since 0.3.7). The bounds model rounding, not overflow. Bounds on the nominal
 run's parameters and velocities at every step hold for every dataset, from the config alone
-(`UpdateRule.public_magnitudes`: each clamped per-sample gradient is <= gamma). Training
+(`UpdateRule.public_magnitudes`: the nominal mean is clamped to gamma). Training
 refuses when they, or the gradient of a record of zeros under them, could come near
 max(dtype) (`_public_magnitudes`): a refusal that reads no record, so D and its neighbours
 refuse alike. A record whose own gradient could overflow under them is marked at that step
@@ -44,8 +44,8 @@ to k replaced records; "per-epoch" lets the batches of one epoch hold at most k 
 which is what a replace-one neighbour does (agt/placement.py: a dynamic programme over the
 replaced records met so far in the epoch). Tighter on minibatches, the same boxes with one
 batch per epoch, and it costs sum over the grid of (k + 1) boxes per step after the first
-epoch instead of one per grid value. Its radii are valid but claim no nesting proof for
-the computed boxes (so no release that spends radii uses them; agt/placement.py).
+epoch instead of one per grid value. Its passes are graded by the programme's state, so
+since 0.3.7 its computed boxes nest and its radii are smooth (agt/placement.py).
 
 Neighbouring relations certified. Batches are a function of the record index, so replacing
 up to k records keeps every batch slot: every bundle certifies ``replace-one``. With
@@ -268,6 +268,11 @@ class _Trainer:
         start = {n: float(self.init[n].abs().max()) if self.init[n].numel() else 0.0
                  for n in self.trainable}
         public = self.rule.public_magnitudes(start, lrs, d_max, self.dtype)
+        for t, lr in enumerate(lrs):
+            if not self.rule.check_coefficients(lr, t == 0):
+                raise DataError(f"the learning rate at step {t} ({lr:.3g}) times the "
+                                "optimizer's constants underflows float64, which the interval "
+                                "update does not model: raise learning_rate or lr_min")
         limit = torch.finfo(self.dtype).max / 16.0
         shape = tuple(self.x_nominal.shape[1:])
         for t, worst_update in enumerate(public.worst):
@@ -485,8 +490,8 @@ class _Trainer:
         the public bounds of step ``after`` (`_within`)."""
         gam = clamp_limit(self.gamma, self.fm.nominal_dtype, self.dtype)
 
-        def evaluate(theta, velocity, c, group, buffers, cap, units):
-            d = self._group_pass(theta, c, idx, group, buffers)
+        def evaluate(theta, velocity, c, group, buffers, cap, units, grades):
+            d = self._group_pass(theta, c, idx, group, buffers, grade=grades.to(self.device))
             w = float(nesting_allowance(len(idx), torch.tensor([cap]), gam, self.fm)[0])
             slack = (2.0 * w * units.to(BOUND_DTYPE)).to(self.device)
             out_theta, out_v = {}, {}

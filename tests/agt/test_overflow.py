@@ -155,9 +155,10 @@ def test_queries_whose_logits_could_overflow_are_not_certified(tmp_path, method)
 def test_learning_rates_beyond_the_dtype_are_refused():
     base = dict(model=[{"linear": {"in": 2, "out": 1}}], loss="binary_cross_entropy",
                 data={"name": "blobs"}, dtype="float32")
-    for key in ("learning_rate", "clip_gamma"):
+    for key in ("learning_rate", "clip_gamma", "l2_reg"):
         with pytest.raises(ConfigError, match=f"{key} = 1e\\+39 is beyond"):
-            config_from_dict({**base, key: 1e39})
+            config_from_dict({**base, key: 1e39, "learning_rate": 1e-40} if key == "l2_reg"
+                             else {**base, key: 1e39})
     config_from_dict({**base, "learning_rate": 1e39, "dtype": "float64"})
 
 
@@ -451,3 +452,31 @@ def test_full_batch_refuses_and_claims_alike_for_every_n():
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if accepted(mid, small) else (lo, mid)
     assert accepted(lo, bigger) and not accepted(hi, bigger)
+
+
+def test_update_coefficients_that_underflow_are_refused(tmp_path):
+    """A review's case: float64, learning rate 5e-324 with momentum 0.4. The interval
+    update's coefficient lr * momentum underflowed to 0 in float64, which dropped the
+    velocity's share of theta' with no widening, and a neighbour left the k = 1 box. Such
+    rates are refused from the config (`UpdateRule.check_coefficients`); ordinary ones,
+    also with lr * l2 = 1 (a coefficient 1 - lr l2 that cancels), pass."""
+    from agt.optim import UpdateRule
+    base = blobs(40, seed=1)
+    for lr in (5e-324, 1e-310):
+        cfg = config(LOGISTIC, "binary_cross_entropy", optimizer="sgdm", momentum=0.4,
+                     learning_rate=lr, lr_decay=0.0, k_values=[0, 1],
+                     pretrained=_zeros_init(tmp_path))
+        for ds in (base, with_train(base, np.full_like(base.x_train, 1e150), base.y_train)):
+            with pytest.raises(DataError, match="underflows float64"):
+                train(cfg, ds)
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        lr = float(10.0 ** rng.uniform(-290, 1))
+        rule = UpdateRule("sgdm", float(rng.uniform(0, 1 / lr)) if rng.random() < 0.5 else 1 / lr,
+                          float(rng.uniform(0, 1)), float(rng.uniform(0, 1)),
+                          bool(rng.random() < 0.3))
+        if rule.nesterov:
+            rule = UpdateRule("sgdm", rule.l2, rule.momentum, 1.0, True)
+        for first in (True, False):
+            assert rule.check_coefficients(lr, first), (lr, rule)
+    assert not UpdateRule("sgdm", 0.0, 0.4, 1.0, False).check_coefficients(5e-324, False)

@@ -248,11 +248,15 @@ def test_nesting_survives_the_reviews_rounding_cases(monkeypatch):
                     and (b.upper[name][:-1] <= a.upper[name][1:]).all())
 
 
-def test_per_epoch_radii_are_valid_but_not_smooth():
+def test_per_epoch_radii_are_smooth_since_graded_passes():
     """A second review built a sub-box whose computed ReLU mask flips (pre-activation lower
     bound 5e-17 on the box, -1.7e-16 on the sub-box), so the same-c comparisons of the
-    nesting argument can leak a whole record's gradient range: per-epoch bundles claim no
-    nesting proof, and the releases that spend radii refuse them while the others do not."""
+    nesting argument could leak a whole record's gradient range: per-epoch bundles of agt <
+    0.3.7, whose passes were not graded, claim no nesting proof, and the releases that spend
+    radii refuse them while the others do not. Since 0.3.7 the passes are graded by the
+    budget state and per-epoch radii are smooth."""
+    import dataclasses
+
     import mechanisms
     from agt.certify import Certifier
     from agt.errors import PrivacyError
@@ -261,11 +265,80 @@ def test_per_epoch_radii_are_valid_but_not_smooth():
     cfg = config(LOGISTIC_CE, "cross_entropy", batch_size=30, n_epochs=1, k_values="0..4",
                  k_placement="per-epoch")
     bundle = from_result(train(cfg, ds))
-    assert not bundle.smooth_radii
+    assert bundle.smooth_radii
     assert from_result(train(cfg.replace(k_placement="per-batch"), ds)).smooth_radii
     cert = Certifier(bundle).certify(ds.x_test)
-    assert not cert.smooth_radii and (cert.max_certified_k >= 1).any()
+    assert cert.smooth_radii and (cert.max_certified_k >= 1).any()
+    mechanisms.make_mechanism("exp-radius", 1.0).check(mechanisms.Certified.from_certificate(cert))
+    old = dataclasses.replace(bundle, agt_version="0.3.6")
+    assert not old.smooth_radii
+    cert = Certifier(old).certify(ds.x_test)
+    assert not cert.smooth_radii
     inputs = mechanisms.Certified.from_certificate(cert)
-    with pytest.raises(PrivacyError, match="k_placement: per-epoch"):
+    with pytest.raises(PrivacyError, match="k_placement: per-epoch by agt < 0.3.7"):
         mechanisms.make_mechanism("exp-radius", 1.0).check(inputs)
     mechanisms.make_mechanism("gs", 1.0).check(inputs)
+
+
+def test_per_epoch_passes_are_graded_by_the_budget_state(monkeypatch):
+    """The nesting of computed boxes (module docstring, Rounding) needs every interval pass
+    graded by its box's budget state: j in the first epoch's shared chain, cap + j in the
+    per-k chains after it, so D's side of each comparison has the larger grade. A version
+    that drops or flattens the grades fails here (and the pass-level tests of
+    tests/agt/bounded/test_graded.py show what an ungraded pass leaks)."""
+    import agt.training as training_mod
+    calls, passes = [], []
+    original = training_mod._Trainer._budget_evaluator
+    group_pass = training_mod._Trainer._group_pass
+
+    def recording(self, idx, lr, first_step, public, after):
+        evaluate = original(self, idx, lr, first_step, public, after)
+
+        def wrapped(theta, velocity, c, group, buffers, cap, units, grades):
+            calls.append((after, cap, grades.tolist(), units.tolist(), group.tolist(),
+                          c.tolist()))
+            return evaluate(theta, velocity, c, group, buffers, cap, units, grades)
+        return wrapped
+
+    def recording_pass(self, boxes, k_values, idx, group_index, k_buffers, grade=None):
+        passes.append(None if grade is None else grade.tolist())
+        return group_pass(self, boxes, k_values, idx, group_index, k_buffers, grade)
+
+    monkeypatch.setattr(training_mod._Trainer, "_budget_evaluator", recording)
+    monkeypatch.setattr(training_mod._Trainer, "_group_pass", recording_pass)
+    ds = blobs(120, seed=4)
+    train(per_epoch(MLP, batch_size=40, n_epochs=2, k_values=[0, 2, 3]), ds)
+    steps_per_epoch = -(-ds.n_train // 40)
+    assert {after for after, *_ in calls} == set(range(1, 2 * steps_per_epoch + 1))
+    for after, cap, grades, units, group, c in calls:
+        first_epoch = after <= steps_per_epoch
+        # the states j of the boxes: the targets j + c of each box's transitions
+        states = sorted({t - ci - (0 if first_epoch else cap)
+                         for t, ci in zip(units, c)})
+        assert len(grades) == len(states)
+        assert grades == [j + (0 if first_epoch else cap) for j in states], \
+            (after, cap, grades, states)
+    assert any(max(g) > 0 for _, _, g, *_ in calls)
+    # ... and the interval passes run at exactly those grades
+    assert passes == [g for _, _, g, *_ in calls]
+
+
+@pytest.mark.parametrize("model,dtype,n,batch", [(MLP, "float32", 400, 100),
+                                                 (LOGISTIC_CE, "float64", 200, 50)])
+def test_per_epoch_radii_drop_by_at_most_one_on_neighbours(model, dtype, n, batch):
+    """r(D') >= r(D) - 1 (and the reverse) for every test query, D' one record away: the
+    property the smooth releases spend, now claimed for per-epoch bundles (radii spread
+    over the whole grid 0..12 in these settings)."""
+    from agt.certify import Certifier
+    from agt.store import from_result
+    ds = blobs(n, seed=25)
+    cfg = config(model, "cross_entropy", batch_size=batch, n_epochs=2, clip_gamma=0.05,
+                 learning_rate=0.2, k_values="0..12", dtype=dtype, k_placement="per-epoch")
+    cert = Certifier(from_result(train(cfg, ds))).certify(ds.x_test)
+    assert cert.smooth_radii and len(set(cert.radius.tolist())) > 3
+    rng = np.random.default_rng(27)
+    for kind in NEIGHBOUR_KINDS[:3]:
+        other = Certifier(from_result(train(cfg, one_record_neighbour(ds, kind, rng))))
+        cert2 = other.certify(ds.x_test)
+        assert (cert2.radius >= cert.radius - 1).all(), kind
+        assert (cert.radius >= cert2.radius - 1).all(), kind

@@ -1,17 +1,18 @@
-"""Cost of the config-only overflow checks (agt 0.3.7): training time and certified radii of
-this checkout against the baseline revision (0.3.6), in one run.
+"""Training time and certified radii of this checkout against a baseline revision, on the
+tasks of bench_tightness.py, in one run (optionally with ``k_placement: per-epoch``).
 
-0.3.7 replaced the data-dependent overflow guard by public bounds on every run's parameters
-(computed once per run), marks the records that could overflow at each step, cuts the boxes
-to the public bounds after every update and clamps the nominal mean. This measures what
-that costs and checks that no radius got worse (cutting can only tighten a box).
+Written for agt 0.3.7 against 0.3.6 (the default baseline): the config-only overflow
+checks (public bounds on every run's parameters, computed once per run; the records that
+could overflow marked at each step; the boxes cut to the public bounds after every update;
+the nominal mean clamped) and the graded passes of the per-epoch programme. It measures
+what they cost and whether any radius changed.
 
 Every measurement runs in a fresh subprocess against a source tree (this checkout, or the
 baseline exported with git archive); repeats alternate old / new, times are the minimum
 over the repeats with the spread (max - min) beside them; radii are deterministic.
 
-    python benchmarks/bench_public_bounds.py [--tasks blobs_mlp_mb1,digits10_linear,...]
-        [--repeats 3] [--baseline REV]
+    python benchmarks/bench_versions.py [--tasks digits10_linear,blobs_mlp_mb1,...]
+        [--placement per-epoch] [--repeats 3] [--baseline REV]
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ BASELINE = "ea89ada"     # agt 0.3.6, before the config-only checks
 TASKS = ("digits10_linear", "digits_bin_mb", "blobs_mlp_mb1", "imdb_head")
 
 
-def measure(task: str, threads: int) -> dict:
+def measure(task: str, threads: int, placement: str | None) -> dict:
     """Train and certify one task of bench_tightness in this process (agt from sys.path,
-    the task definitions from the tree's own benchmarks/)."""
+    the task definitions from the tree's own benchmarks/), with ``placement`` as the
+    config's k_placement where given."""
     import time
 
     import numpy as np
@@ -41,6 +43,8 @@ def measure(task: str, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     cfg, ds, ks, _ = task_setup(task)
+    if placement is not None:
+        cfg = cfg.replace(k_placement=placement)
     t0 = time.perf_counter()
     res = train(cfg, ds)
     seconds = time.perf_counter() - t0
@@ -59,11 +63,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--baseline", default=BASELINE, help="git revision of the old engine")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--placement", default=None, choices=["per-batch", "per-epoch"])
     args = ap.parse_args()
     trees = variant_trees(["new", "new-old"], args.baseline)
-    print(f"config-only overflow checks: new (this checkout) vs old ({args.baseline}); "
-          f"{args.threads} threads, {args.repeats} interleaved repeats, train seconds min "
-          f"(+spread)")
+    print(f"new (this checkout) vs old ({args.baseline}); k_placement "
+          f"{args.placement or 'as configured'}; {args.threads} threads, {args.repeats} "
+          f"interleaved repeats, train seconds min (+spread)")
     print(f"{'task':18s} {'old s':>16s} {'new s':>16s} {'new/old':>8s}  radii (median k*, "
           f"fractions at three k)")
     for task in args.tasks.split(","):
@@ -71,7 +76,8 @@ def main() -> None:
         for _ in range(args.repeats):
             for age in ("old", "new"):
                 runs[age].append(run_child(__file__, "measure",
-                                           dict(task=task, threads=args.threads), trees[age]))
+                                           dict(task=task, threads=args.threads,
+                                                placement=args.placement), trees[age]))
         best = {age: min(r["seconds"] for r in rs) for age, rs in runs.items()}
         old, new = runs["old"][-1], runs["new"][-1]
         same = old["median_k"] == new["median_k"] and old["fractions"] == new["fractions"]
