@@ -60,10 +60,10 @@ SMOOTH_BOUND_METHODS = ("served-k0", "interval", "stability")
 #: placements whose computed boxes keep that property, with the first version that proves
 #: it: "per-epoch" compares neighbours' boxes through the same number of replaced records
 #: on most batches, where an ungraded interval pass is isotone only up to rounding (a review
-#: found ReLU mask decisions that break it); since 0.3.7 its passes are graded by the
+#: found ReLU mask decisions that break it); since 0.3.8 its passes are graded by the
 #: budget state (agt/placement.py, Rounding). Earlier per-epoch radii are valid
 #: certificates but not smooth.
-SMOOTH_PLACEMENTS = {"per-batch": (0, 0, 0), "per-epoch": (0, 3, 7)}
+SMOOTH_PLACEMENTS = {"per-batch": (0, 0, 0), "per-epoch": (0, 3, 8)}
 #: the first version whose interval passes are graded (agt/interval.py): the computed boxes
 #: of earlier bundles nest only where the float64 pass happened to be isotone
 GRADED_SINCE = (0, 3, 6)

@@ -46,7 +46,9 @@ final subtraction fl(x - y) is monotone in x and y, so the ordering survives its
 Operations that round only monotonically (four-corner products, relu, clamp, masks,
 selections, the outward casts) are isotone in floating point outright, so a chain of
 graded and monotone operations maps nested boxes to nested boxes with no assumption on
-summation order or determinism of the kernels.
+summation order or determinism of the kernels. (Callers that compare two computations at
+the *same* grade rest on determinism instead: the frozen prefix's features and the first
+epoch of the per-epoch programme, agt/placement.py.)
 """
 
 from __future__ import annotations

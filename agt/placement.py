@@ -1,6 +1,6 @@
 """Interval boxes under a per-epoch placement budget (config ``k_placement: per-epoch``).
 
-Valid certificates, tighter on minibatches; since 0.3.7 the computed boxes of neighbours nest
+Valid certificates, tighter on minibatches; since 0.3.8 the computed boxes of neighbours nest
 (graded passes, Rounding below), so the radii are smooth and feed every release.
 
 The paper's interval pass (Thm 4.6 applied at every step) lets *every* batch hold up to k
@@ -69,7 +69,7 @@ different multisets may already use up to 2 w_c of the a-priori allowance).
 Leaks beyond the slack: a second review built a sub-box whose computed ReLU mask flips from
 active to undecided (the pre-activation's lower bound 5e-17 on the box, -1.7e-16 on the
 sub-box), which widens one record's gradient bound to its whole clamp range, gamma / b in
-the mean: far beyond any rounding slack. So (since 0.3.7) every interval pass of the
+the mean: far beyond any rounding slack. So (since 0.3.8) every interval pass of the
 programme is graded (agt/interval.py, graded widening) by its box's state: grade j in the
 first epoch's shared chain, cap + j in the per-k chain of budget cap later. By the graded
 lemma a computed pass on a box A inside B at grades g_A <= g_B - 1 stays inside the pass on
@@ -84,8 +84,11 @@ depend on the other rows' values). What is left is the first epoch before s: D a
 the same chain on the same batches from the same initial box, so their states are the
 same computation on the same operands and shapes, hence the same floats. Both rest on
 run-to-run determinism of the kernels, the assumption the frozen prefix's features make
-too (agt/training.py, README Soundness). The selection sums of different multisets keep
-the transition slack above. Bundles of agt < 0.3.7 ran ungraded passes and claim no
+too (agt/training.py, README Soundness); it holds on CPU (a review: bit-identical kept rows
+whatever one other row held, and final boxes with 1 and 2 threads), and on CUDA needs
+deterministic kernels. Per-k chains in the first epoch (grades cap + j) would remove it at
+sum over the grid of (k + 1) boxes per step there instead of max(k) + 1. The selection sums of different multisets keep
+the transition slack above. Bundles of agt < 0.3.8 ran ungraded passes and claim no
 nesting proof (`agt.store.Bundle.smooth_radii`, agt/config.py SMOOTH_PLACEMENTS): their
 certificates are valid (the validity argument needs no isotonicity), and releases that
 spend radii refuse them. The slack costs about 1e-7 gamma (k + j') per step in float32,

@@ -45,7 +45,7 @@ which is what a replace-one neighbour does (agt/placement.py: a dynamic programm
 replaced records met so far in the epoch). Tighter on minibatches, the same boxes with one
 batch per epoch, and it costs sum over the grid of (k + 1) boxes per step after the first
 epoch instead of one per grid value. Its passes are graded by the programme's state, so
-since 0.3.7 its computed boxes nest and its radii are smooth (agt/placement.py).
+since 0.3.8 its computed boxes nest and its radii are smooth (agt/placement.py).
 
 Neighbouring relations certified. Batches are a function of the record index, so replacing
 up to k records keeps every batch slot: every bundle certifies ``replace-one``. With

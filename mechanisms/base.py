@@ -99,7 +99,7 @@ class Mechanism(ABC):
                     f"{self.name} needs radii with r(D') >= r(D) - 1 on neighbours, which "
                     f"the bounds behind these inputs do not prove (selection rule "
                     f"'{inputs.source.selection}'; or trained by agt < 0.3.6, or with "
-                    f"k_placement: per-epoch by agt < 0.3.7, whose interval passes were not "
+                    f"k_placement: per-epoch by agt < 0.3.8, whose interval passes were not "
                     f"graded); retrain with this agt and selection: exact (or use a "
                     f"mechanism that spends no radii: gs, lnmax, ens-ptr-votes)")
         problems.raise_if_any()

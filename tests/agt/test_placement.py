@@ -252,8 +252,8 @@ def test_per_epoch_radii_are_smooth_since_graded_passes():
     """A second review built a sub-box whose computed ReLU mask flips (pre-activation lower
     bound 5e-17 on the box, -1.7e-16 on the sub-box), so the same-c comparisons of the
     nesting argument could leak a whole record's gradient range: per-epoch bundles of agt <
-    0.3.7, whose passes were not graded, claim no nesting proof, and the releases that spend
-    radii refuse them while the others do not. Since 0.3.7 the passes are graded by the
+    0.3.8, whose passes were not graded, claim no nesting proof, and the releases that spend
+    radii refuse them while the others do not. Since 0.3.8 the passes are graded by the
     budget state and per-epoch radii are smooth."""
     import dataclasses
 
@@ -270,12 +270,12 @@ def test_per_epoch_radii_are_smooth_since_graded_passes():
     cert = Certifier(bundle).certify(ds.x_test)
     assert cert.smooth_radii and (cert.max_certified_k >= 1).any()
     mechanisms.make_mechanism("exp-radius", 1.0).check(mechanisms.Certified.from_certificate(cert))
-    old = dataclasses.replace(bundle, agt_version="0.3.6")
+    old = dataclasses.replace(bundle, agt_version="0.3.7")
     assert not old.smooth_radii
     cert = Certifier(old).certify(ds.x_test)
     assert not cert.smooth_radii
     inputs = mechanisms.Certified.from_certificate(cert)
-    with pytest.raises(PrivacyError, match="k_placement: per-epoch by agt < 0.3.7"):
+    with pytest.raises(PrivacyError, match="k_placement: per-epoch by agt < 0.3.8"):
         mechanisms.make_mechanism("exp-radius", 1.0).check(inputs)
     mechanisms.make_mechanism("gs", 1.0).check(inputs)
 
