@@ -40,7 +40,7 @@ from agt.interval import BOUND_DTYPE, FloatModel, Interval
 from agt import interval as iv
 from agt.stability import parameter_norm
 from agt.store import Bundle
-from agt.tensors import predicted_classes, torch_dtype
+from agt.tensors import overflow_limit, predicted_classes, torch_dtype
 
 _QUERY_ELEMENTS = 1 << 23
 _U64 = 2.0**-53
@@ -170,7 +170,7 @@ class Certifier:
         mags = dict(self.frozen_magnitude)
         mags.update({n: m[j] for n, m in self.box_magnitude.items()})
         worst = self.full.forward_magnitudes(mags, x_mag)
-        return worst <= torch.finfo(self.dtype).max / 16.0
+        return worst <= overflow_limit(self.dtype)
 
     def _ball_certified(self, feats: torch.Tensor, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Whether every parameter theta with ||theta - c||_F <= rho_j (c the served linear

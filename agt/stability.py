@@ -129,7 +129,7 @@ import torch
 from agt.bounded.losses import transcendental_slack
 from agt.errors import DataError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval, gamma
-from agt.tensors import torch_dtype
+from agt.tensors import overflow_limit, torch_dtype
 
 #: sup of lambda_max of the loss Hessian in the logits
 HESSIAN_BOUND = {"cross_entropy": 0.5, "binary_cross_entropy": 0.25}
@@ -366,7 +366,7 @@ class StabilityProblem:
         worst = max([self.record_norm] + [p * self.padded_norm for p in pub]
                     + [pub[t] + s.lr * (self.record_norm + self.l2 * pub[t])
                        for t, s in enumerate(steps)])
-        limit = float(torch.finfo(self.fm.nominal_dtype).max) / 16.0
+        limit = overflow_limit(self.fm.nominal_dtype)
         if not worst <= limit:
             raise DataError(f"bound_method: stability: the {self.fm.nominal_dtype} training "
                             f"computation could overflow on a dataset of the declared domain "

@@ -10,6 +10,14 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 DEVICES = ("auto", "cpu", "cuda")
 
 
+def overflow_limit(dtype: torch.dtype) -> float:
+    """max(dtype) / 16: the magnitude below which every a-priori bound on a nominal
+    computation must stay (training's refusals and marked records, the certifier's query
+    test, the stability balls). The bounds model rounding, not overflow; the factor 16 is
+    headroom for the rounding of the bounds themselves."""
+    return float(torch.finfo(dtype).max) / 16.0
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a config name ("float32" or "float64")."""
     try:

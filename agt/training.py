@@ -82,7 +82,7 @@ from agt.optim import UpdateRule, round_to
 from agt.placement import EpochBudgetBoxes
 from agt.stability import (StabilityProblem, StabilityStep, ball_boxes, check_domain,
                            parameter_norm)
-from agt.tensors import resolve_device, torch_dtype
+from agt.tensors import overflow_limit, resolve_device, torch_dtype
 from agt.topk import (DescentAccumulator, ThresholdAccumulator, clamp_limit, nesting_allowance,
                       order_statistics)
 
@@ -273,7 +273,7 @@ class _Trainer:
                 raise DataError(f"the learning rate at step {t} ({lr:.3g}) times the "
                                 "optimizer's constants underflows float64, which the interval "
                                 "update does not model: raise learning_rate or lr_min")
-        limit = torch.finfo(self.dtype).max / 16.0
+        limit = overflow_limit(self.dtype)
         shape = tuple(self.x_nominal.shape[1:])
         for t, worst_update in enumerate(public.worst):
             worst = max(float(self.net.gradient_magnitudes(public.params[t], 0.0, shape)),
@@ -293,7 +293,7 @@ class _Trainer:
         which holds whatever the overflow does (the nominal rule sends +-inf to +-gamma and
         counts a NaN as 0). The test reads the record and public bounds only, so a record
         kept by a neighbour is marked in both runs."""
-        limit = torch.finfo(self.dtype).max / 16.0
+        limit = overflow_limit(self.dtype)
         worst = self.net.gradient_magnitudes(params, self.feature_magnitude,
                                              tuple(self.x_nominal.shape[1:]))
         beyond = ~(worst <= limit)

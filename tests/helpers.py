@@ -49,6 +49,24 @@ def config(model, loss="cross_entropy", **kw):
     return config_from_dict(base)
 
 
+def assert_radius_releases_refuse(bundle, x, match: str) -> None:
+    """A bundle whose radii claim no nesting proof: its certificate says so, a release that
+    spends radii (exp-radius) refuses it with a reason matching ``match``, and one that
+    spends none (gs) releases from it."""
+    import pytest
+
+    import mechanisms
+    from agt.certify import Certifier
+    from agt.errors import PrivacyError
+    assert not bundle.smooth_radii
+    cert = Certifier(bundle).certify(x)
+    assert not cert.smooth_radii
+    inputs = mechanisms.Certified.from_certificate(cert)
+    with pytest.raises(PrivacyError, match=match):
+        mechanisms.make_mechanism("exp-radius", 1.0).check(inputs)
+    mechanisms.make_mechanism("gs", 1.0).check(inputs)
+
+
 def with_train(ds: Dataset, x: np.ndarray, y: np.ndarray) -> Dataset:
     return Dataset(ds.name, np.ascontiguousarray(x), np.ascontiguousarray(y, dtype=np.int64),
                    ds.x_test, ds.y_test, ds.n_classes, dict(ds.meta))

@@ -11,7 +11,8 @@ from agt.errors import BundleError, DataError
 from agt.store import from_result
 from agt.training import train
 
-from tests.helpers import LOGISTIC, LOGISTIC_CE, MLP, MLP_BCE, CONV, blobs, classes, config, images, logits
+from tests.helpers import (LOGISTIC, LOGISTIC_CE, MLP, MLP_BCE, CONV, assert_radius_releases_refuse,
+                           blobs, classes, config, images, logits)
 from tests.agt.test_training import perturb
 
 
@@ -184,19 +185,12 @@ def test_bundles_without_graded_passes_claim_no_smooth_radii():
     valid, their computed nesting is not proven, so releases that spend radii refuse them
     (with the reason); ball boxes (no interval pass) keep their own proof."""
     import dataclasses
-    import mechanisms
-    from agt.errors import PrivacyError
     ds = blobs(120, seed=4)
     b = bundle_for(LOGISTIC_CE, "cross_entropy", ds, n_epochs=1, k_values="0..3")
     assert b.smooth_radii and b.graded_boxes
     old = dataclasses.replace(b, agt_version="0.3.5")
     assert not old.smooth_radii and not old.graded_boxes
     assert dataclasses.replace(b, agt_version="0.10.0").smooth_radii
-    cert = Certifier(old).certify(ds.x_test)
-    assert not cert.smooth_radii
-    inputs = mechanisms.Certified.from_certificate(cert)
-    with pytest.raises(PrivacyError, match="agt < 0.3.6"):
-        mechanisms.make_mechanism("exp-radius", 1.0).check(inputs)
-    mechanisms.make_mechanism("gs", 1.0).check(inputs)
+    assert_radius_releases_refuse(old, ds.x_test, "agt < 0.3.6")
     ball = dataclasses.replace(old, config={**old.config, "k_boxes": "ball"})
     assert ball.graded_boxes

@@ -17,7 +17,8 @@ from agt.training import REPLACE, train, train_nominal
 
 from tests.agt.test_training import (NEIGHBOUR_KINDS, REPLACE_KINDS, assert_steps_nest,
                                      falsify, one_record_neighbour, targeted)
-from tests.helpers import LOGISTIC_CE, MLP, blobs, config, inside, with_train
+from tests.helpers import (LOGISTIC_CE, MLP, assert_radius_releases_refuse, blobs, config,
+                           inside, with_train)
 
 
 def per_epoch(model, **kw):
@@ -259,7 +260,6 @@ def test_per_epoch_radii_are_smooth_since_graded_passes():
 
     import mechanisms
     from agt.certify import Certifier
-    from agt.errors import PrivacyError
     from agt.store import from_result
     ds = blobs(120, seed=4)
     cfg = config(LOGISTIC_CE, "cross_entropy", batch_size=30, n_epochs=1, k_values="0..4",
@@ -270,14 +270,8 @@ def test_per_epoch_radii_are_smooth_since_graded_passes():
     cert = Certifier(bundle).certify(ds.x_test)
     assert cert.smooth_radii and (cert.max_certified_k >= 1).any()
     mechanisms.make_mechanism("exp-radius", 1.0).check(mechanisms.Certified.from_certificate(cert))
-    old = dataclasses.replace(bundle, agt_version="0.3.7")
-    assert not old.smooth_radii
-    cert = Certifier(old).certify(ds.x_test)
-    assert not cert.smooth_radii
-    inputs = mechanisms.Certified.from_certificate(cert)
-    with pytest.raises(PrivacyError, match="k_placement: per-epoch by agt < 0.3.8"):
-        mechanisms.make_mechanism("exp-radius", 1.0).check(inputs)
-    mechanisms.make_mechanism("gs", 1.0).check(inputs)
+    assert_radius_releases_refuse(dataclasses.replace(bundle, agt_version="0.3.7"), ds.x_test,
+                                  "k_placement: per-epoch by agt < 0.3.8")
 
 
 def test_per_epoch_passes_are_graded_by_the_budget_state(monkeypatch):
