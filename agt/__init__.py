@@ -18,6 +18,7 @@ turns certificates into private labels through its ledger.
     out.labels, out.guarantee                         # what may be published
 """
 
+import os as _os
 import sys as _sys
 
 from agt.threads import passive_wait as _passive_wait
@@ -28,6 +29,9 @@ from agt.threads import passive_wait as _passive_wait
 # passive waits -- effective only when agt is imported before torch (the CLI always is).
 if "torch" not in _sys.modules:
     _passive_wait()
+# Deterministic cuBLAS (agt.tensors.strict_kernels, on CUDA) needs a fixed workspace, read
+# from the environment; a user's setting wins. Nothing reads it on CPU.
+_os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 from agt.version import __version__  # noqa: E402,F401
 

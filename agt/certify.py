@@ -40,7 +40,7 @@ from agt.interval import BOUND_DTYPE, FloatModel, Interval
 from agt import interval as iv
 from agt.stability import parameter_norm
 from agt.store import Bundle
-from agt.tensors import overflow_limit, predicted_classes, torch_dtype
+from agt.tensors import overflow_limit, predicted_classes, strict_kernels, torch_dtype
 
 _QUERY_ELEMENTS = 1 << 23
 _U64 = 2.0**-53
@@ -128,7 +128,7 @@ class Certifier:
 
     def predict(self, x) -> np.ndarray:
         xq = self._check_queries(x)
-        with torch.no_grad():
+        with torch.no_grad(), strict_kernels(self.device):
             z, _ = self.full.forward_nominal(self.nominal, xq)
         return predicted_classes(z).cpu().numpy()
 
@@ -283,7 +283,7 @@ class Certifier:
         nominal predictions only (radius and max_certified_k are None), for releases that
         spend no radius."""
         xq = self._check_queries(x)
-        with torch.no_grad():
+        with torch.no_grad(), strict_kernels(self.device):
             z, _ = self.full.forward_nominal(self.nominal, xq)
             pred = predicted_classes(z)
             if not radii:
@@ -312,7 +312,7 @@ class Certifier:
     def certify_linear(self, x) -> Certificate:
         """Reference: test every box in order; k* = last k of the certified prefix."""
         xq = self._check_queries(x)
-        with torch.no_grad():
+        with torch.no_grad(), strict_kernels(self.device):
             z, _ = self.full.forward_nominal(self.nominal, xq)
             pred = predicted_classes(z)
             feats = self._features(xq)

@@ -48,7 +48,8 @@ selections, the outward casts) are isotone in floating point outright, so a chai
 graded and monotone operations maps nested boxes to nested boxes with no assumption on
 summation order or determinism of the kernels. (Callers that compare two computations at
 the *same* grade rest on determinism instead: the frozen prefix's features and the first
-epoch of the per-epoch programme, agt/placement.py.)
+epoch of the per-epoch programme, agt/placement.py; agt.tensors.strict_kernels asks for
+deterministic kernels off the CPU.)
 """
 
 from __future__ import annotations

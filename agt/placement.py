@@ -85,8 +85,9 @@ the same chain on the same batches from the same initial box, so their states ar
 same computation on the same operands and shapes, hence the same floats. Both rest on
 run-to-run determinism of the kernels, the assumption the frozen prefix's features make
 too (agt/training.py, README Soundness); it holds on CPU (a review: bit-identical kept rows
-whatever one other row held, and final boxes with 1 and 2 threads), and on CUDA needs
-deterministic kernels. Per-k chains in the first epoch (grades cap + j) would remove it at
+whatever one other row held, and final boxes with 1 and 2 threads); on other devices
+training runs under deterministic kernels (agt.tensors.strict_kernels, since 0.3.9; not run
+here, no GPU). Per-k chains in the first epoch (grades cap + j) would remove it at
 sum over the grid of (k + 1) boxes per step there instead of max(k) + 1. The selection sums of different multisets keep
 the transition slack above. Bundles of agt < 0.3.8 ran ungraded passes and claim no
 nesting proof (`agt.store.Bundle.smooth_radii`, agt/config.py SMOOTH_PLACEMENTS): their

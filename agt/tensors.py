@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 from agt.errors import ConfigError
@@ -37,6 +40,45 @@ def resolve_device(name: str | torch.device) -> torch.device:
     if str(name).startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("device: cuda requested but no CUDA device is available; use auto or cpu")
     return torch.device(name)
+
+
+@contextlib.contextmanager
+def strict_kernels(device: torch.device) -> Iterator[None]:
+    """While the block runs: IEEE float products, and deterministic kernels off the CPU.
+
+    * TF32 off (matmul and cuDNN) and float32 matmul precision "highest": the rounding
+      model of the bounds (agt/interval.py) is IEEE arithmetic in the dtype; TF32's 10-bit
+      mantissa products would leave it.
+    * On a non-CPU device, ``torch.use_deterministic_algorithms(True)`` and cuDNN's
+      deterministic, non-benchmarking algorithms. Two claims compare computations at the same
+      grade and so rest on run-to-run determinism (the same operations on the same operands
+      and shapes give the same floats): a frozen prefix's features of a kept record on D
+      and on D', and the first epoch of `k_placement: per-epoch` (agt/placement.py). CPU
+      kernels were checked to have it (README, Soundness); CUDA's atomics-based reductions
+      and cuDNN's timed algorithm choice do not without these switches. cuBLAS also needs
+      ``CUBLAS_WORKSPACE_CONFIG`` set before it starts; ``import agt`` sets ":4096:8" unless
+      the user set it.
+
+    Every switch is restored on exit, also on error."""
+    cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (cuda.allow_tf32, cudnn.allow_tf32, torch.get_float32_matmul_precision(),
+             torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             cudnn.benchmark, cudnn.deterministic)
+    cuda.allow_tf32 = False
+    cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    if torch.device(device).type != "cpu":
+        torch.use_deterministic_algorithms(True)
+        cudnn.benchmark = False
+        cudnn.deterministic = True
+    try:
+        yield
+    finally:
+        cuda.allow_tf32, cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+        torch.use_deterministic_algorithms(saved[3], warn_only=saved[4])
+        cudnn.benchmark, cudnn.deterministic = saved[5], saved[6]
 
 
 def predicted_classes(logits: torch.Tensor) -> torch.Tensor:

@@ -82,7 +82,7 @@ from agt.optim import UpdateRule, round_to
 from agt.placement import EpochBudgetBoxes
 from agt.stability import (StabilityProblem, StabilityStep, ball_boxes, check_domain,
                            parameter_norm)
-from agt.tensors import overflow_limit, resolve_device, torch_dtype
+from agt.tensors import overflow_limit, resolve_device, strict_kernels, torch_dtype
 from agt.topk import (DescentAccumulator, ThresholdAccumulator, clamp_limit, nesting_allowance,
                       order_statistics)
 
@@ -92,13 +92,6 @@ BUFFER_BYTES = 768 << 20
 
 REPLACE = "replace-one"
 ADD_REMOVE = "add-remove"
-
-
-def _strict_float_math() -> None:
-    # TF32 would change the nominal rounding model (10-bit mantissa products).
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
 
 
 @dataclass
@@ -716,10 +709,10 @@ def train(cfg: TrainConfig, ds: Dataset, *, with_bounds: bool = True, progress: 
     step; ``bounds_callback(StepBounds)`` the interval pass's boxes before each update
     (agt/trajectory.py keeps them)."""
     validate_dataset(ds)
-    _strict_float_math()
     device = resolve_device(cfg.device)
-    trainer = _Trainer(cfg, ds, device)
-    return trainer.run(with_bounds, progress, ds.sha256(), step_callback, bounds_callback)
+    with strict_kernels(device):
+        trainer = _Trainer(cfg, ds, device)
+        return trainer.run(with_bounds, progress, ds.sha256(), step_callback, bounds_callback)
 
 
 def train_nominal(cfg: TrainConfig, ds: Dataset) -> dict[str, torch.Tensor]:
