@@ -91,6 +91,26 @@ def atomic_directory(path: str | Path, fill: Callable[[Path], object],
     return path
 
 
+def check_not_an_input(out: Path, inputs: dict[str, str | Path | None], *,
+                       what: str = "--out") -> None:
+    """Refuse an output path that names one of the command's own input files (by path, or
+    the same file through a link): writing it would replace that input. For a release
+    command that input may be its ledger, and replacing the ledger after the spend would
+    erase the spend it just recorded (a review's find: the next release on the dataset then
+    had the whole budget again)."""
+    target = Path(out).expanduser()
+    for flag, given in inputs.items():
+        if given is None:
+            continue
+        source = Path(given).expanduser()
+        same = target.resolve() == source.resolve()
+        if not same and target.exists() and source.exists():
+            same = os.path.samefile(target, source)
+        if same:
+            raise ConfigError(f"{what} {out} is the file given as {flag}; writing it would "
+                              f"replace that input: give {what} another name")
+
+
 def check_output(path: str | Path, *, suffixes: tuple[str, ...] = (), overwrite: bool = True,
                  what: str = "--out") -> Path:
     """Refuse an output path that cannot be written, before any work is done.

@@ -8,6 +8,8 @@ the model has one) and `sensitivity`, a bound on ||W(D) - W(D')||_F over neighbo
 datasets (2K / (N lambda) for replace-one, Chaudhuri-Monteleoni-Sarwate 2011, Cor. 8 in
 their notation; agt/baselines/convex.py fits W and computes it). Everything in it is
 owner-only; the logits z = W x of a query move by at most ||W - W'||_F ||x||_2 <= sensitivity.
+Every mechanism here states its guarantee under replace-one only, whatever relations the
+source claims: the sensitivity keeps N fixed (removing a record would need 2K/((N-1) lambda)).
 
 model-sens (Alg. 1): release labels argmax((W + B) x) with p(B) ~ exp(-beta ||B||_F),
   beta = eps / sensitivity: the noisy model is eps-DP (the density ratio at any B is at most
@@ -47,7 +49,7 @@ from agt.errors import DataError, PrivacyError, Problems
 
 from mechanisms.base import Mechanism, register
 from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
-from mechanisms.guarantee import Guarantee
+from mechanisms.guarantee import REPLACE_ONE, Guarantee
 from mechanisms.inputs import Source, check_query_ids
 
 if TYPE_CHECKING:      # annotations only: the exact checks import it when they run
@@ -186,6 +188,12 @@ def _labels(z: NDArray[np.float64]) -> NDArray[np.int64]:
 # ---------------------------------------------------------------------------------------------
 # Mechanisms
 
+def _replace_one_only(name: str, relation: str) -> None:
+    if relation != REPLACE_ONE:
+        raise PrivacyError(f"{name}: the sensitivity 2K / (N lambda) is proven under "
+                           f"replace-one only, not {relation}")
+
+
 @dataclass(frozen=True)
 class _Convex(Mechanism):
     epsilon: float
@@ -216,6 +224,12 @@ class _Convex(Mechanism):
     def _noise_sensitivity(self, inputs: LinearModel) -> float:
         raise NotImplementedError
 
+    def relations(self, inputs) -> tuple[str, ...]:
+        # `sensitivity` is the replace-one bound 2K / (N lambda) (N fixed; agt/baselines/
+        # convex.py), whatever relations the source claims: removing a record would need
+        # 2K / ((N - 1) lambda), so an add-remove claim would understate eps by N / (N - 1)
+        return (REPLACE_ONE,)
+
     def check(self, inputs) -> None:
         """The base checks, and a noise scale sensitivity / eps inside [1e-300, 1e300]: beyond
         it the rate eps / sensitivity under- or overflows (a review found a ZeroDivisionError
@@ -239,6 +253,7 @@ class ModelSensitivity(_Convex):
         return "model-sens-gauss" if self.gaussian else "model-sens"
 
     def guarantee(self, relation: str) -> Guarantee:
+        _replace_one_only(self.name, relation)
         noise = ("Gaussian noise of the analytic Gaussian mechanism (Balle-Wang Thm 8)"
                  if self.gaussian else "noise with density ~ exp(-beta ||B||_F), beta = "
                  "eps / sensitivity")
@@ -271,6 +286,7 @@ class PredictionSensitivity(_Convex):
         return "pred-sens-gauss" if self.gaussian else "pred-sens"
 
     def guarantee(self, relation: str) -> Guarantee:
+        _replace_one_only(self.name, relation)
         noise = ("N(0, sigma^2 I), the analytic Gaussian mechanism" if self.gaussian else
                  "noise with density ~ exp(-beta ||b||_2), beta = eps / (sensitivity max||x||)")
         return Guarantee(float(self.epsilon), float(self.delta or 0.0), relation, self.name,

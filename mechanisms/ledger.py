@@ -395,7 +395,7 @@ class Ledger:
             raise PrivacyError(
                 f"{mechanism.name}: drawing the labels failed ({type(exc).__name__}) after the "
                 f"ledger recorded the spend of {n} queries: the budget is spent and nothing was "
-                f"released (please report this)") from exc
+                f"released (please report this)") from None   # (still in __context__)
         except BaseException as exc:        # Ctrl-C, SIGTERM: say what the ledger holds
             exc.add_note("the ledger had recorded the spend: the budget is spent and the "
                          "labels are lost")

@@ -120,7 +120,8 @@ def hessian_vector(w_flat: NDArray[np.float64], v_flat: NDArray[np.float64],
 class ConvexFit:
     """A fitted model (owner-only: a deterministic function of the private data).
 
-    weights: (C, d); grad_norm: ||grad J||_F at the returned point (<= tol); sensitivity:
+    weights: (C, d); grad_norm: ||grad J||_F at the returned point (<= tol, unless fitted
+    with require_tol=False); sensitivity:
     the replace-one bound on ||W(D) - W(D')||_F, 2K/(N lambda) + 2 tol/lambda (for the
     plain objective; loss perturbation does not use it)."""
 
@@ -195,8 +196,12 @@ def _check(z, y, n_classes, lam, extra_l2, tol) -> tuple[NDArray, NDArray]:
 
 def fit_logistic(z: ArrayLike, y: ArrayLike, n_classes: int, lam: float, *,
                  linear: ArrayLike | None = None, extra_l2: float = 0.0, tol: float = 1e-9,
-                 w0: ArrayLike | None = None, max_iter: int = 20_000) -> ConvexFit:
-    """Minimise J (module docstring) to ||grad J||_F <= tol; raise ConvexFitError otherwise.
+                 w0: ArrayLike | None = None, max_iter: int = 20_000,
+                 require_tol: bool = True) -> ConvexFit:
+    """Minimise J (module docstring) to ||grad J||_F <= tol; raise ConvexFitError otherwise,
+    or with ``require_tol=False`` return the last iterate (its ConvexFit records the
+    gradient norm reached): for solves inside a mechanism, after the spend, where a failure
+    that depends on the data would itself be an output (mechanisms/loss_perturbation.py).
 
     z: (N, d) inputs, every row ||z|| <= 1 (refused otherwise); y: (N,) labels in [0, C).
     linear: optional (C, d) matrix G of the term <G, W>; extra_l2: optional mu of
@@ -221,7 +226,7 @@ def fit_logistic(z: ArrayLike, y: ArrayLike, n_classes: int, lam: float, *,
         w, gnorm, polish = _newton_polish(w, args, z, n_classes, float(lam) + float(extra_l2),
                                           tol)
         value, grad = objective(w, *args)
-    if not gnorm <= tol:
+    if not gnorm <= tol and require_tol:
         raise ConvexFitError(f"the logistic fit stopped at gradient norm {gnorm:.3g} > tol "
                              f"{tol:g} (lambda {lam:g}); the sensitivity bound needs the "
                              f"minimiser: raise tol or lambda")

@@ -31,9 +31,13 @@ def guarantee_line(n: int, mechanism: str, guarantee, extra: str = "",
             f"{guarantee.delta:.3g})-DP w.r.t. {guarantee.relation}")
 
 
-def ledger_line(ledger) -> str:
+def ledger_line(ledger, named: bool) -> str:
+    """The budget line of a release. A default ledger is not named: its file name is a
+    keyed hash of the private dataset's hash, the same for every release from one dataset
+    and another for a neighbouring one, which a release output must not carry."""
     spent = ledger.spent()
-    return (f"ledger {ledger.path}: spent eps={spent.epsilon:.6g}, delta={spent.delta:.3g} "
+    where = f"ledger {ledger.path}" if named else "the dataset's default ledger"
+    return (f"{where}: spent eps={spent.epsilon:.6g}, delta={spent.delta:.3g} "
             f"({spent.method}) of the budget ({ledger.budget_epsilon:.6g}, "
             f"{ledger.budget_delta:.3g}); relation {ledger.relation}")
 

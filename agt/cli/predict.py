@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from agt.certify import Certifier
     from agt.data import load_npz_queries
-    from agt.io import check_output
+    from agt.io import check_not_an_input, check_output
     from agt.store import read_bundle
     from mechanisms import Certified, make_mechanism
     from mechanisms.ledger import hash_query
@@ -60,6 +60,8 @@ def run(args) -> int:
     mechanism = make_mechanism(args.mechanism, args.epsilon, args.delta,
                                **mechanism_options(args))
     out = check_output(args.out, suffixes=(".csv",), overwrite=args.overwrite)
+    check_not_an_input(out, {"--ledger": args.ledger, "--bounds": args.bounds,
+                             "--data": args.data})
     bundle = read_bundle(args.bounds)
     x, _ = load_npz_queries(args.data, split=args.split)
     cert = Certifier(bundle).certify(x, radii=mechanism.uses_radii)
@@ -74,7 +76,7 @@ def run(args) -> int:
                          budget_flags="--budget-epsilon (and --budget-delta)") as ledger:
             released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)
             guard.spent = True
-            summary = ledger_line(ledger)
+            summary = ledger_line(ledger, named=bool(args.ledger))
 
         def write(path: Path) -> None:
             with open(path, "w", newline="") as fh:

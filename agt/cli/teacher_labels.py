@@ -109,13 +109,15 @@ def run(args) -> int:
     from agt.certify import Certifier
     from agt.data import load_npz_queries
     from agt.ensemble import EnsembleCertifier
-    from agt.io import check_output
+    from agt.io import check_not_an_input, check_output
     from mechanisms import (MECHANISMS, Certified, Ledger, Votes, default_ledger_path,
                             make_mechanism)
     from mechanisms.accounting import plan_queries
     from mechanisms.ledger import hash_query
 
     out = check_output(args.out, suffixes=(".npz",), overwrite=args.overwrite)
+    check_not_an_input(out, {"--ledger": args.ledger, "--ensemble": args.ensemble,
+                             "--public": args.public, "--student-config": args.student_config})
     if args.student_config and not args.train_student:
         raise ConfigError("--student-config needs --train-student")
     entry = MECHANISMS[args.mechanism]
@@ -164,7 +166,7 @@ def run(args) -> int:
         with ledger:
             released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)
             guard.spent = True
-            summary = ledger_line(ledger)
+            summary = ledger_line(ledger, named=bool(args.ledger))
             accountant = ledger.accountant.name
             budget = (ledger.budget_epsilon, ledger.budget_delta)
         labels = released.labels

@@ -115,6 +115,24 @@ def test_solver_returns_the_perturbed_minimiser():
     assert np.linalg.norm(resid) <= 1e-8
 
 
+def test_a_solve_that_stops_short_still_releases():
+    """A review's find: the solver raised when it stopped above tol, after the spend, so
+    whether labels came out depended on the private data (and the error's text, chained,
+    held its gradient norm). A tolerance no float64 solve reaches now releases labels from
+    the last iterate, and `fits` says how close it came (owner-only)."""
+    z, y = data()
+    solver = PerturbedSolver(z, y, 3, 1e-3, tol=1e-30)
+    inputs = lp.PerturbedObjective(solver, z[:7], len(z), 3, 1e-3, SRC)
+    with Ledger.in_memory(1.0, 0.0, "standard", relation="replace-one",
+                          dataset_sha256=SHA) as ledger:
+        out = ledger.release(make_mechanism("loss-pert", 1.0), inputs,
+                             insecure_rng=np.random.default_rng(3))
+    assert out.labels.shape == (7,) and set(out.labels) <= {0, 1, 2}
+    assert solver.fits[-1].grad_norm > 1e-30
+    with pytest.raises(convex.ConvexFitError):     # a plain fit still insists on its tol
+        convex.fit_logistic(z, y, 3, 1e-3, tol=1e-30)
+
+
 @pytest.mark.parametrize("name,delta", [("loss-pert", None), ("loss-pert-gauss", 1e-5)])
 def test_release_through_the_ledger_records_one_session(name, delta):
     z, y = data()

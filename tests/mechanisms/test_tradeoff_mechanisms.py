@@ -100,6 +100,26 @@ def test_convex_guarantees_sessions_and_ledger():
         assert ledger.spent().epsilon == pytest.approx(1.0 + 0.5 * inputs.n_queries)
 
 
+@pytest.mark.parametrize("name", ["model-sens", "model-sens-gauss", "pred-sens",
+                                  "pred-sens-gauss"])
+def test_convex_mechanisms_claim_replace_one_whatever_the_source_says(name):
+    """The sensitivity 2K / (N lambda) keeps N fixed; a source claiming add-remove (a
+    full-batch AGT bundle's, copied) got an add-remove guarantee whose eps was N / (N - 1)
+    too small (a review's find)."""
+    both = Source("m", SHA, ("replace-one", "add-remove"), True)
+    x = linear()
+    inputs = LinearModel(x.weights, x.queries, x.sensitivity, x.n_classes, both)
+    mech = make_mechanism(name, 1.0, 1e-6 if name.endswith("gauss") else None)
+    assert mech.relations(inputs) == ("replace-one",)
+    assert mech.guarantee_for(inputs, "replace-one").relation == "replace-one"
+    with pytest.raises(PrivacyError, match="replace-one"):
+        mech.guarantee_for(inputs, "add-remove")
+    with Ledger.in_memory(10.0, 1e-3, relation="add-remove") as ledger:
+        with pytest.raises(PrivacyError):
+            ledger.release(mech, inputs, insecure_seed=1)
+        assert ledger.entries() == []
+
+
 def test_linear_model_inputs_are_validated():
     with pytest.raises(DataError, match=r"\|\|x\|\|_2 <= 1"):
         LinearModel(np.zeros((3, 2)), np.array([[1.0, 1.0]]), 0.1, 3, SRC)

@@ -303,7 +303,7 @@ def test_an_interrupt_between_the_spend_and_the_write_says_so(world, capsys, tmp
                                                                monkeypatch):
     import agt.cli.predict as predict
 
-    def interrupted(ledger):
+    def interrupted(ledger, named):
         raise KeyboardInterrupt
     monkeypatch.setattr(predict, "ledger_line", interrupted)
     rc, err = predict_on_a_copied_ledger(world, tmp_path, capsys)

@@ -290,12 +290,25 @@ def test_default_ledger_is_the_datasets_own(workdir, tmp_path, capsys, monkeypat
     path = default_ledger_path(ens.manifest["dataset_sha256"])
     assert path.parent == tmp_path / "ledgers" and len(releases(path)) == Q
     assert "ledger" not in np.load(tmp_path / "l.npz").files
+    # its file name is a keyed hash of the dataset's hash, the same for every release from
+    # this dataset and another for a neighbour: not in what a release prints (a review's find)
+    assert "the dataset's default ledger: spent" in out and path.stem not in out + err
     # a single teacher of the ensemble spends the same dataset's budget: the same ledger
     argv2 = ["teacher-labels", "--ensemble", workdir / "ens" / "teacher_001.h5", "--public",
              workdir / "public.npz", "--mechanism", "gs", "--epsilon-total", 1.0,
              "--delta-total", 1e-6, "--out", tmp_path / "m.npz"]
-    rc, _, err = run(capsys, *argv2)
+    rc, out, err = run(capsys, *argv2)
     assert rc == 2 and "budget" in err and len(releases(path)) == Q
+    assert path.stem not in out + err
+    # a new default ledger without a budget is refused without its name either
+    argv3 = ["predict", "--bounds", workdir / "ens" / "teacher_001.h5", "--data",
+             workdir / "public.npz", "--mechanism", "gs", "--epsilon", 1.0,
+             "--out", tmp_path / "n.csv"]
+    monkeypatch.setenv("AGT_LEDGER_DIR", str(tmp_path / "other-ledgers"))
+    rc, out, err = run(capsys, *argv3)
+    assert rc == 2 and "this dataset's default ledger is a new ledger" in err
+    assert not any(p.suffix == ".db" for p in (tmp_path / "other-ledgers").iterdir())
+    assert ".db" not in out + err
 
 
 def test_ptr_abstains_at_small_epsilon_and_reports(workdir, tmp_path, capsys):
@@ -399,3 +412,16 @@ def test_teacher_option_is_refused_for_ensemble_mechanisms(workdir, tmp_path, ca
     rc, _, err = run(capsys, *labels_args(workdir, tmp_path, "lnmax"), "--teacher", "3")
     assert rc == 2 and "--teacher applies to single-model mechanisms" in err
     assert not (tmp_path / "l.db").exists() or not releases(tmp_path / "l.db")
+
+
+def test_teacher_labels_cannot_write_over_its_ledger(workdir, tmp_path, capsys):
+    """--out naming the ledger would replace it by the labels after the spend (a review's
+    find, with --overwrite): refused before anything is spent."""
+    rc, _, err = run(capsys, *labels_args(workdir, tmp_path, "lnmax", 20.0, 1e-5, "l.npz",
+                                          "l.npz"), "--overwrite")
+    assert rc == 2 and "is the file given as --ledger" in err
+    assert not (tmp_path / "l.npz").exists()
+    rc, _, err = run(capsys, *labels_args(workdir, tmp_path, "lnmax", 20.0, 1e-5, "l.npz",
+                                          "ledger.db"), "--overwrite")
+    assert rc == 0, err      # another name is fine
+    assert len(releases(tmp_path / "ledger.db")) == Q

@@ -158,3 +158,40 @@ def test_predict_gated_session_is_one_ledger_entry(setup, tmp_path, capsys):
              "--budget-epsilon", "5", "--out", tmp_path / "t.csv")
     assert rc == 2 and "--cutoff applies to svt" in capsys.readouterr().err
     assert not (tmp_path / "m.db").exists()
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_the_output_cannot_be_the_ledger_or_an_input(setup, tmp_path, capsys, link):
+    """A review's find: --out naming the ledger (with --overwrite) replaced the ledger by the
+    labels after the spend, and the next release had the whole budget again. Refused before
+    anything is spent, also through a link, and for the bounds and the data files."""
+    d, bundle, _ = setup
+    ledger = tmp_path / "ledger.csv"
+    common = ["--mechanism", "gs", "--epsilon", "0.5", "--budget-epsilon", "100",
+              "--overwrite"]
+    rc = run("predict", "--bounds", bundle, "--data", d / "q.npz", *common, "--ledger",
+             ledger, "--out", tmp_path / "first.csv")
+    assert rc == 0
+    with Ledger.open(ledger) as opened:
+        spent = len(opened.entries())
+    before = ledger.read_bytes()
+    out = ledger
+    if link:
+        out = tmp_path / "alias.csv"
+        out.symlink_to(ledger)
+    capsys.readouterr()
+    rc = run("predict", "--bounds", bundle, "--data", d / "q.npz", *common, "--ledger",
+             ledger, "--out", out)
+    err = capsys.readouterr().err
+    assert rc == 2 and "is the file given as --ledger" in err
+    assert ledger.read_bytes() == before
+    with Ledger.open(ledger) as opened:
+        assert len(opened.entries()) == spent
+    queries = tmp_path / "q.csv.npz"
+    queries.write_bytes((d / "q.npz").read_bytes())
+    data_out = tmp_path / "data.csv"
+    data_out.symlink_to(queries)
+    rc = run("predict", "--bounds", bundle, "--data", queries, *common, "--ledger",
+             tmp_path / "other.db", "--out", data_out)
+    assert rc == 2 and "is the file given as --data" in capsys.readouterr().err
+    assert not (tmp_path / "other.db").exists()
