@@ -5,14 +5,17 @@ any dataset within distance k could produce, store them, and find each query's c
 stability radius. It adds no noise and never imports `mechanisms`, the sibling package that
 turns certificates into private labels through its ledger.
 
-    import agt, mechanisms
+    import torch, agt, mechanisms
+    # x_train (n, 6), y_train (n,) in {0, 1}, x_test, y_test, x_query: numpy arrays
     ds = agt.Dataset.from_arrays(x_train, y_train, x_test, y_test)
     cfg = agt.TrainConfig.create(torch.nn.Sequential(torch.nn.Linear(6, 2)),
                                  "cross_entropy", learning_rate=2.0, clip_gamma=0.06,
                                  k_values="0..99")
     bundle = agt.train(cfg, ds)                       # nominal model + bounds for every k
     cert = agt.Certifier(bundle).certify(x_query)     # owner-only: predictions and radii
-    with mechanisms.Ledger.open("ledger.db", budget_epsilon=10.0) as ledger:
+    # a budget for every query: exp-radius at eps 1.0 costs 1.0 per query (standard
+    # composition); a refused release records nothing
+    with mechanisms.Ledger.open("ledger.db", budget_epsilon=1.0 * len(x_query)) as ledger:
         out = ledger.release(mechanisms.make_mechanism("ss-cauchy", 1.0),
                              mechanisms.Certified.from_certificate(cert))
     out.labels, out.guarantee                         # what may be published

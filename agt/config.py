@@ -387,6 +387,27 @@ def _check_stability(model, optimizer, momentum, gamma_, norm_bound, clip_norm, 
                      f"acts; got clip_gamma {gamma_:g}")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
+    silently: a learning_rate appended at the end of a config overrode the one above)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} appears twice in one mapping",
+                    key_node.start_mark)
+            seen.add(key if isinstance(key, (str, int, float, bool)) else id(key_node))
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """yaml.safe_load, refusing duplicate keys (configs and experiment plans)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read a YAML config; relative paths inside it (``data.path``, ``data.data_dir``,
     ``pretrained``) resolve against the config file's folder."""
@@ -394,7 +415,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not a UTF-8 text file; is it a YAML config?") from None
     except OSError as exc:

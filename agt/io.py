@@ -123,6 +123,13 @@ def check_output(path: str | Path, *, suffixes: tuple[str, ...] = (), overwrite:
     path = Path(path)
     if suffixes and path.suffix not in suffixes:
         raise ConfigError(f"{what} must end in {' or '.join(suffixes)}, got {path.name!r}")
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):    # the checks below say what is wrong
+        pass
+    except OSError as exc:       # a name too long, a loop of links, ...: one line, no traceback
+        raise ConfigError(f"{what} {str(path)[:80]}{'...' if len(str(path)) > 80 else ''} "
+                          f"cannot be used ({exc.strerror or exc}); choose another name") from None
     if path.is_dir():
         raise ConfigError(f"{what} {path} is a directory; give a file name")
     if os.path.lexists(path) and not overwrite:         # a dangling link counts as existing

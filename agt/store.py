@@ -310,6 +310,10 @@ def read_bundle(path: str | Path) -> Bundle:
     """Read, verify (content hash) and validate a bundle; raises BundleError with a one-line
     reason for anything that is not an intact agt bundle."""
     path = Path(path)
+    if path.is_dir():
+        what = ("an ensemble directory (agt train --ensemble): give one of its "
+                "teacher_NNN.h5 files" if (path / "manifest.json").is_file() else "a directory")
+        raise BundleError(f"{path} is {what}, not a bounds file")
     if not path.is_file():
         raise BundleError(f"bounds file not found: {path}")
     try:

@@ -10,13 +10,25 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from agt.bounded.losses import check_logits
 from agt.config import TrainConfig
 from agt.data import Dataset
-from agt.errors import DataError
+from agt.errors import ConfigError, DataError
 from agt.tensors import predicted_classes, torch_dtype
 from agt.training import train
 
-__all__ = ["train_student"]
+__all__ = ["check_student", "train_student"]
+
+
+def check_student(cfg: TrainConfig, feature_shape: tuple[int, ...], n_classes: int) -> None:
+    """Refuse a student config that cannot train on queries of `feature_shape` labelled in
+    [0, n_classes): the checks training makes first, for a release command to make before
+    it spends (a review found a bad student config refused only after the spend)."""
+    spec = cfg.model.with_input_shape(tuple(feature_shape))
+    check_logits(cfg.loss, spec.n_logits)
+    if spec.n_classes < n_classes:
+        raise ConfigError(f"the student model has {spec.n_logits} output logit(s) for "
+                          f"{spec.n_classes} classes; the teachers' labels take {n_classes}")
 
 
 def train_student(cfg: TrainConfig, x: np.ndarray, labels: np.ndarray, x_test=None,

@@ -350,7 +350,9 @@ class DescentAccumulator:
         k = k.to(device)
         group = group.to(device)
         sizes = torch.tensor(self.k_sizes, dtype=k.dtype, device=device)
-        if bool((k > sizes[group]).any()):
+        # a k beyond its buffer is fine where the buffer holds every value seen (k >= b:
+        # all of them are selected)
+        if bool(((k > sizes[group]) & (sizes[group] < b)).any()):
             raise SoundnessError(f"internal: distances {k.tolist()} exceed the selection "
                                  f"buffers {self.k_sizes} of their boxes")
         sum_lo = self.sum_lo[group]
@@ -387,10 +389,10 @@ class DescentAccumulator:
             if buffer is None or max(k_list[m] for m in member_list) <= 0:
                 continue
             kb = buffer.shape[1]
-            full = all(k_list[m] == kb for m in member_list)
+            full = all(k_list[m] >= kb for m in member_list)
             members = torch.tensor(member_list, dtype=torch.int64, device=k.device)
             ks = k[members]
-            idx = (ks - 1).clamp_min(0)
+            idx = (ks - 1).clamp(0, kb - 1)   # k > kb only where the buffer holds every value
             unfilled = self.count < kb     # some slots may still hold the +-inf fill
             chunk = max(1, (1 << 21) // kb)
             for p0 in range(0, buffer.shape[0], chunk):

@@ -320,7 +320,8 @@ class _Trainer:
         # statistics of the first fragment (the batch is a random permutation), at ranks
         # scaled to the fragment, so this costs one selection over one fragment.
         first = min(frag, len(idx))
-        k_frag = math.ceil(k_max * first / len(idx)) if k_max else 0
+        # at most the fragment: a k >= n (batch_size full) must not size a buffer by k
+        k_frag = min(first, math.ceil(k_max * first / len(idx))) if k_max else 0
         stats = ({n: DescentAccumulator(1, theta[n].numel(), k_frag, self.gamma, self.device,
                                         self.dtype) for n in self.trainable} if k_max else None)
         for f0 in range(0, len(idx), frag):
@@ -370,9 +371,12 @@ class _Trainer:
         ``stats``: nominal top-k buffers -> threshold rule (selection: threshold)."""
         K = k_values.shape[0]
         if stats is not None:
-            scale = next(iter(stats.values())).count / len(idx)
+            first = next(iter(stats.values()))
+            scale = first.count / len(idx)
+            # ranks beyond the buffered fragment (k >= n under batch_size full) take its last:
+            # any threshold is sound
             k_frag = torch.where(k_values > 0, torch.ceil(k_values * scale).long().clamp_min(1),
-                                 k_values)
+                                 k_values).clamp_max(first.k_max)
             taus = {n: order_statistics(acc, k_frag) for n, acc in stats.items()}
 
             def bound_pass(sub_boxes, g0, g1):
@@ -404,7 +408,8 @@ class _Trainer:
             while g1 < K:
                 size = g1 + 1 - g0
                 if size * frag * act * 8 > WORK_ELEMENTS * 4 or \
-                        (buffers and int(k_values[g0:g1 + 1].sum()) * slot_bytes > BUFFER_BYTES):
+                        (buffers and int(k_values[g0:g1 + 1].clamp_max(batch).sum()) * slot_bytes
+                         > BUFFER_BYTES):
                     break
                 g1 += 1
             yield g0, g1
@@ -423,6 +428,9 @@ class _Trainer:
         distance to its box; None: one box each); ``k_buffers``: top-k buffer size per box;
         ``grade`` (G,): the grade of each box's interval pass (agt/interval.py), or None."""
         G = next(iter(boxes.values())).shape[0]
+        # a buffer never needs more slots than the batch has records: k >= b (batch_size
+        # full, k up to 10^9) selects them all (DescentAccumulator.bounds)
+        k_buffers = [min(int(k), len(idx)) for k in k_buffers]
         accs = {n: DescentAccumulator(G, self.init[n].numel(), k_buffers, self.gamma, self.device,
                                       self.dtype)
                 for n in self.trainable}
@@ -468,7 +476,8 @@ class _Trainer:
         p_total = sum(self.init[n].numel() for n in self.trainable)
         slot_bytes = 2 * self.dtype.itemsize * p_total
         by_work = (WORK_ELEMENTS * 4) // max(1, frag * act * 8)
-        by_buffers = BUFFER_BYTES // max(1, (max(k_values) + 1) * slot_bytes)
+        k_big = min(max(k_values), self.batch_size)      # buffers hold at most a batch
+        by_buffers = BUFFER_BYTES // max(1, (k_big + 1) * slot_bytes)
         # each box yields up to max(k) + 1 successors: descent, parameter and velocity boxes
         # (lo and hi, float64) and the gathered source boxes of the update
         by_outputs = BUFFER_BYTES // max(1, 8 * (max(k_values) + 1) * 8 * p_total)

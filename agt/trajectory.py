@@ -163,8 +163,20 @@ class TrajectoryBounds:
         if data is None or not data.name:
             raise ConfigError("the bundle's config names no dataset; build TrajectoryBounds "
                               "with the training data")
-        return TrajectoryBounds(bundle, load_dataset(data.name, data.options, base_dir),
-                                progress=progress)
+        try:
+            ds = load_dataset(data.name, data.options, base_dir)
+        except (DataError, ConfigError) as exc:
+            where = base_dir if base_dir is not None else "the working directory"
+            raise type(exc)(f"the trajectory certificate reloads the training data the "
+                            f"bundle's config names (dataset '{data.name}', relative paths from "
+                            f"{where}; agt train resolved them from its config's folder): "
+                            f"{exc}") from None
+        if ds.sha256() != bundle.dataset_sha256:
+            raise DataError(f"the data the bundle's config names (dataset '{data.name}', "
+                            f"relative paths from {base_dir or 'the working directory'}) is "
+                            f"not the data the bundle was trained on (another sha256): the "
+                            f"file changed since, or another file of that name was found")
+        return TrajectoryBounds(bundle, ds, progress=progress)
 
     # -- set-up -----------------------------------------------------------------------------
     def _flat(self, params: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
+from agt.config import load_yaml
 from agt.errors import ConfigError, Problems
 
 DATASETS = ("blobs", "octmnist", "imdb")
@@ -458,7 +459,7 @@ def load_plan(path: str | Path, quick: bool = False, dataset: str | None = None)
     if not path.is_file():
         raise ConfigError(f"experiment plan not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read the experiment plan {path}: {exc}") from None
     if not isinstance(raw, dict):

@@ -70,7 +70,7 @@ from agt.baselines.convex import accuracy as convex_accuracy, fit_logistic
 from agt.baselines.loss_perturbation import PerturbedSolver
 from agt.baselines.unit_ball import UnitBallMap, pca_basis
 from agt.certify import Certifier
-from agt.config import TrainConfig
+from agt.config import TrainConfig, load_yaml
 from agt.data import load_dataset
 from agt.data.dataset import Dataset, validate_dataset
 from agt.ensemble import EnsembleCertifier, partition_indices, train_ensemble
@@ -209,7 +209,7 @@ def load_settings(path: str | Path | None = None, *, quick: bool = False,
     for --quick, then `overrides` (tests)."""
     path = Path(path) if path else PLAN_DIR / "tradeoffs.yaml"
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read the trade-off plan {path}: {exc}") from None
     if not isinstance(raw, dict):

@@ -419,18 +419,7 @@ class Ledger:
                     f"the ledger {self.path} accounts for another dataset than these inputs "
                     f"come from: one ledger per private dataset (use that dataset's own "
                     f"ledger)")
-            groups: dict[tuple[float, float], int] = {}
-            for c in charges:
-                groups[(c.epsilon, c.delta)] = groups.get((c.epsilon, c.delta), 0) + 1
-            new = [(e, d, k) for (e, d), k in groups.items()]
-            total = self._compose(self._recorded_groups() + new)
-            if not total.fits(self.budget_epsilon, self.budget_delta):
-                raise BudgetExceededError(
-                    f"{len(charges)} release(s) would bring the total to "
-                    f"(eps={total.epsilon!r}, delta={total.delta!r}) under {total.method} "
-                    f"composition, over the budget (eps={self.budget_epsilon!r}, "
-                    f"delta={self.budget_delta!r}); nothing was released: lower the per-query "
-                    f"epsilon or the number of queries")
+            self._check_budget([(c.epsilon, c.delta) for c in charges])
             if bound is None:
                 conn.execute("UPDATE ledger_meta SET dataset_sha256 = ?", (dataset_sha256,))
             now = _now()
@@ -450,6 +439,63 @@ class Ledger:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+    def _check_budget(self, charges: Sequence[tuple[float, float]]) -> None:
+        """Raise BudgetExceededError unless `charges` ((eps, delta) each) fit what is left,
+        saying what is spent and how many of these charges would fit."""
+        def groups(count: int) -> list[SpendGroup]:
+            merged: dict[tuple[float, float], int] = {}
+            for pair in charges[:count]:
+                merged[pair] = merged.get(pair, 0) + 1
+            return [(e, d, k) for (e, d), k in merged.items()]
+
+        recorded = self._recorded_groups()
+        total = self._compose(recorded + groups(len(charges)))
+        if total.fits(self.budget_epsilon, self.budget_delta):
+            return
+        lo, hi = 0, len(charges)           # the largest prefix that fits (composition is
+        while lo + 1 < hi:                 # monotone in the number of charges)
+            mid = (lo + hi) // 2
+            if self._compose(recorded + groups(mid)).fits(self.budget_epsilon, self.budget_delta):
+                lo = mid
+            else:
+                hi = mid
+        spent = self._compose(recorded)
+        eps_q, delta_q = charges[0]
+        each = f"(eps={eps_q!r}, delta={delta_q!r}) each"
+        if len(set(charges)) > 1:
+            each = "their charges"
+        if self.per_query is not None:
+            advice = (f"this ledger charges every query its fixed ({self.per_query[0]!r}, "
+                      f"{self.per_query[1]!r}) whatever the mechanism's own guarantee; at most "
+                      f"{lo} such queries fit now")
+        elif lo == 0 and recorded:
+            advice = "not one of these charges fits what is left"
+        elif len(charges) == 1:
+            advice = "lower the session's epsilon (or delta)"
+        else:
+            advice = (f"at most {lo} of these queries fit; release fewer or lower the per-query "
+                      f"epsilon (or delta)")
+        raise BudgetExceededError(
+            f"{len(charges)} release(s) at {each} would bring the total to "
+            f"(eps={total.epsilon!r}, delta={total.delta!r}) under {total.method} "
+            f"composition, over the budget (eps={self.budget_epsilon!r}, "
+            f"delta={self.budget_delta!r}) of which (eps={spent.epsilon!r}, "
+            f"delta={spent.delta!r}) is spent; nothing was released: {advice}")
+
+    def check_release(self, mechanism: Mechanism, inputs) -> None:
+        """Every check `release` makes before it records anything (inputs, relation, the
+        fixed per-query guarantee, the budget), recording nothing: a dry run, e.g. on an
+        in-memory ledger with a new file ledger's settings before that file is created."""
+        if not isinstance(mechanism, Mechanism):
+            raise PrivacyError(f"release needs a mechanism object (mechanisms.make_mechanism), "
+                               f"got {type(mechanism).__name__}")
+        mechanism.check(inputs)
+        eps_c, delta_c = self.charge_for(mechanism.guarantee_for(inputs, self.relation))
+        n = inputs.n_queries if mechanism.per_query else 1
+        if inputs.n_queries == 0:
+            raise PrivacyError("nothing to release: the inputs hold no query")
+        self._check_budget([(eps_c, delta_c)] * n)
 
     def entries(self) -> list[LedgerEntry]:
         """Every recorded charge, oldest first."""

@@ -94,15 +94,17 @@ def non_empty(text: str) -> str:
 
 # -- mechanism options -------------------------------------------------------------------
 
-def add_mechanism_options(p) -> None:
-    """Options of particular mechanisms (given only where they apply)."""
+def add_mechanism_options(p, ensembles: bool) -> None:
+    """Options of particular mechanisms (given only where they apply); --radius-rule only
+    where ensemble mechanisms can be chosen."""
     p.add_argument("--cutoff", type=positive_int,
                    help="svt / ens-svt: unstable queries a session answers by its fallback "
                         "before it refuses the rest (default 10)")
     p.add_argument("--fallback", choices=("exp-radius", "refuse"),
                    help="svt / ens-svt: the answer of an unstable query (default exp-radius)")
-    p.add_argument("--radius-rule", choices=("thm5.3", "tight"),
-                   help="ens-ss-*: ensemble radius, AGT Thm 5.3 (default) or min-cost")
+    if ensembles:
+        p.add_argument("--radius-rule", choices=("thm5.3", "tight"),
+                       help="ens-ss-*: ensemble radius, AGT Thm 5.3 (default) or min-cost")
 
 
 def mechanism_options(args) -> dict:
@@ -123,7 +125,7 @@ def mechanism_options(args) -> dict:
     return out
 
 
-def add_release_options(p, out_help: str, accountant_help: str) -> None:
+def add_release_options(p, out_help: str, accountant_help: str, ensembles: bool) -> None:
     """The options every release command shares: ledger, relation, seed and output."""
     p.add_argument("--ledger", type=non_empty,
                    help="SQLite privacy ledger (default: the private dataset's own ledger "
@@ -137,4 +139,4 @@ def add_release_options(p, out_help: str, accountant_help: str) -> None:
                         "recorded in the ledger; the output says only that the noise was seeded")
     p.add_argument("--out", required=True, type=non_empty, help=out_help)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    add_mechanism_options(p)
+    add_mechanism_options(p, ensembles)

@@ -9,13 +9,19 @@ from agt.errors import ConfigError, PrivacyError
 
 def open_ledger(path_arg: str | None, dataset_sha256: str, budget_epsilon: float | None,
                 budget_delta: float | None, accountant: str | None, relation: str | None,
-                per_query: tuple[float, float], budget_flags: str):
+                per_query: tuple[float, float], budget_flags: str, release=None):
     """The ledger at `path_arg`, or the private dataset's default ledger.
 
     A new ledger (a missing or empty file) is created with the given budget, relation
     (default replace-one) and accountant (default standard); an accountant other than
     standard fixes `per_query` for the ledger's lifetime (accounting.py). An existing ledger
-    keeps its own settings; values given that differ from them are refused."""
+    keeps its own settings; values given that differ from them are refused.
+
+    ``release`` = (mechanism, inputs): for a new ledger, the release is first checked on an
+    in-memory ledger with the same settings, so a release that would be refused (over the
+    budget, a mechanism that refuses the inputs, settings that do not go together) creates
+    no file: a review found refused first releases leaving ledgers whose settings (budget,
+    accountant, fixed per-query guarantee) then bound every later call."""
     from mechanisms import Ledger, default_ledger_path
 
     path = Path(path_arg) if path_arg else default_ledger_path(dataset_sha256)
@@ -26,6 +32,11 @@ def open_ledger(path_arg: str | None, dataset_sha256: str, budget_epsilon: float
     fixed = {}
     if new and (accountant or "standard") != "standard":
         fixed = {"per_query_epsilon": per_query[0], "per_query_delta": per_query[1]}
+    if new and release is not None:
+        with Ledger.in_memory(budget_epsilon, budget_delta if budget_delta is not None else 0.0,
+                              accountant, relation=relation, dataset_sha256=dataset_sha256,
+                              **fixed) as probe:
+            probe.check_release(*release)
     return Ledger.open(path, budget_epsilon, budget_delta, accountant, relation=relation,
                        dataset_sha256=dataset_sha256, **fixed)
 

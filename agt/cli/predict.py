@@ -45,7 +45,8 @@ def add_parser(sub) -> None:
                    help="total delta budget of a new ledger (default 0)")
     add_release_options(p, "output .csv (index,label)",
                         "composition of a new ledger (default standard; the others fix the "
-                        "per-query (eps, delta) of this call for the ledger's lifetime)")
+                        "per-query (eps, delta) of this call for the ledger's lifetime)",
+                        ensembles=False)
     p.set_defaults(func=run)
 
 
@@ -73,7 +74,8 @@ def run(args) -> int:
         with open_ledger(args.ledger, inputs.source.dataset_sha256, args.budget_epsilon,
                          args.budget_delta, args.accountant, args.relation,
                          (per_query.epsilon, per_query.delta),
-                         budget_flags="--budget-epsilon (and --budget-delta)") as ledger:
+                         budget_flags="--budget-epsilon (and --budget-delta)",
+                         release=(mechanism, inputs)) as ledger:
             released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)
             guard.spent = True
             summary = ledger_line(ledger, named=bool(args.ledger))

@@ -26,9 +26,11 @@ from agt.errors import ConfigError, PrivacyError
 
 
 def add_parser(sub) -> None:
-    from mechanisms import MECHANISMS
+    from mechanisms import MECHANISMS, Certified, Votes, mechanism_names
 
-    names = tuple(MECHANISMS)
+    # the convex baselines' inputs (a fitted linear model, a perturbed objective) do not
+    # come from bundles: they are released through the library (agt.baselines)
+    names = mechanism_names(Certified) + mechanism_names(Votes)
     p = sub.add_parser("teacher-labels",
                        help="label a public set with teachers within a total budget (a release)")
     p.add_argument("--ensemble", required=True,
@@ -41,7 +43,9 @@ def add_parser(sub) -> None:
     p.add_argument("--mechanism", required=True, choices=names,
                    help="; ".join(f"{n}: {MECHANISMS[n].summary}" for n in names))
     p.add_argument("--epsilon-total", required=True, type=positive_float,
-                   help="total epsilon of the ledger (all Q labels together)")
+                   help="total epsilon of the ledger (all Q labels together); an existing "
+                        "ledger's must match, and these labels then spend everything it has "
+                        "left")
     p.add_argument("--delta-total", required=True, type=unit_float,
                    help="total delta of the ledger (0 allows pure-eps mechanisms only)")
     p.add_argument("--per-query-delta", type=unit_float,
@@ -51,12 +55,12 @@ def add_parser(sub) -> None:
                    help="teacher of an ensemble used by single-model mechanisms (default 0)")
     add_release_options(p, "output labels .npz",
                         "composition of a new ledger (default best, with this plan's per-query "
-                        "guarantee fixed); an existing ledger keeps its own")
+                        "guarantee fixed); an existing ledger keeps its own", ensembles=True)
     p.add_argument("--train-student", action="store_true",
                    help="train a plain (non-AGT) student on the released labels and report "
                         "its test accuracy (x_test/y_test of the public file)")
     p.add_argument("--student-config", help="YAML config of the student (default: the teachers')")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
                    help="device for certification")
     p.set_defaults(func=run)
 
@@ -110,6 +114,7 @@ def run(args) -> int:
     from agt.data import load_npz_queries
     from agt.ensemble import EnsembleCertifier
     from agt.io import check_not_an_input, check_output
+    from agt.tensors import resolve_device
     from mechanisms import (MECHANISMS, Certified, Ledger, Votes, default_ledger_path,
                             make_mechanism)
     from mechanisms.accounting import plan_queries
@@ -126,17 +131,21 @@ def run(args) -> int:
     if args.train_student:   # validated before anything is spent
         student_cfg = _student_config(args, (ens.config if bundle is None else bundle.config))
     x, y_public = load_npz_queries(args.public, split=args.split)
+    if student_cfg is not None:      # its shapes and classes, before anything is spent
+        from agt.student import check_student
+        check_student(student_cfg, x.shape[1:], (ens.spec if bundle is None else bundle.spec
+                                                 ).n_classes)
     public_test = _public_test(Path(args.public)) if args.train_student else (None, None)
     q = len(x)
     ids = [hash_query(row) for row in x]
     options = mechanism_options(args)
     probe = make_mechanism(args.mechanism, 1.0, 0.5 if entry.needs_delta else None, **options)
     if bundle is None:
-        cert = EnsembleCertifier(ens, device=args.device).certify(x, radii=probe.uses_radii)
+        cert = EnsembleCertifier(ens, device=resolve_device(args.device)).certify(x, radii=probe.uses_radii)
         inputs = Votes.from_certificate(cert, ids, with_radii=probe.uses_radii)
         n_teachers = ens.n_teachers
     else:
-        cert = Certifier(bundle, device=args.device).certify(x, radii=probe.uses_radii)
+        cert = Certifier(bundle, device=resolve_device(args.device)).certify(x, radii=probe.uses_radii)
         inputs = Certified.from_certificate(cert, ids, with_radii=probe.uses_radii)
         n_teachers = 1
     dataset = inputs.source.dataset_sha256
@@ -153,7 +162,7 @@ def run(args) -> int:
         g = mechanism.guarantee_for(inputs, args.relation or "replace-one")
         ledger = open_ledger(args.ledger, dataset, args.epsilon_total, args.delta_total,
                              accountant, args.relation, (g.epsilon, g.delta),
-                             "--epsilon-total and --delta-total")
+                             "--epsilon-total and --delta-total", release=(mechanism, inputs))
     else:
         ledger = Ledger.open(path, args.epsilon_total, args.delta_total, args.accountant,
                              relation=args.relation, dataset_sha256=dataset)

@@ -53,7 +53,7 @@ def load_blobs(options: Mapping[str, Any] | None, base_dir: Path | None) -> Data
     n_train = n_samples - n_test
     if n_train < 1:
         raise ConfigError(
-            f"data.options.test_fraction (dataset 'blobs') = {test_fraction} leaves no training "
+            f"data.test_fraction (dataset 'blobs') = {test_fraction} leaves no training "
             f"record out of n_samples = {n_samples}")
 
     centre, std = _BLOBS_VARIANTS[variant]

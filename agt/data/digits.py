@@ -55,7 +55,7 @@ TASKS = ("multiclass", "binary")
 FEATURES = ("raw", "unit_ball")
 _INSTALL = 'pip install -e ".[datasets]" (or pip install "scikit-learn>=1.3")'
 _MNIST_HINT = ("an MNIST archive with arrays x_train, y_train, x_test, y_test (e.g. the "
-               "mnist.npz of keras.datasets.mnist); pass data.options.path or data_dir")
+               "mnist.npz of keras.datasets.mnist); pass data.path or data_dir")
 
 
 def load_sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
@@ -96,10 +96,10 @@ def _read_task_options(opts: Options) -> tuple[str, list[int] | None]:
               and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
                       and 0 <= v <= 9 for v in raw) and raw[0] != raw[1])
         if not ok:
-            opts.problems.add(f"data.options.pair (dataset '{opts.loader}') must be two "
+            opts.problems.add(f"data.pair (dataset '{opts.loader}') must be two "
                               f"different digits in 0..9, e.g. [3, 8], got {raw!r}")
         elif task != "binary":
-            opts.problems.add(f"data.options.pair (dataset '{opts.loader}') selects a binary "
+            opts.problems.add(f"data.pair (dataset '{opts.loader}') selects a binary "
                               f"task: set task: binary")
         else:
             pair = [int(raw[0]), int(raw[1])]
@@ -115,7 +115,7 @@ def check_range(x: np.ndarray, low: float, high: float, where: str) -> None:
         j = int(np.flatnonzero((row < low) | (row > high))[0])
         raise DataError(f"{where}: record {i} has pixel value {row[j]!r} outside the format's "
                         f"range [{low:g}, {high:g}] ({bad.size} records out of range); fix the "
-                        f"file or give data.options.pixel_range")
+                        f"file or give data.pixel_range")
 
 
 def public_features(ds: Dataset, features: str) -> Dataset:
@@ -152,7 +152,7 @@ def load_digits_dataset(options: Mapping[str, Any] | None, base_dir: Path | None
     n = len(keep)
     n_test = int(math.floor(n * test_fraction + 0.5))
     if n - n_test < 1:
-        raise ConfigError(f"data.options.test_fraction (dataset 'digits') = {test_fraction} "
+        raise ConfigError(f"data.test_fraction (dataset 'digits') = {test_fraction} "
                           f"leaves no training record out of {n}")
     rng = np.random.default_rng(seed)
     test_idx = np.sort(rng.choice(n, size=n_test, replace=False)) if n_test else \
@@ -202,7 +202,7 @@ def load_mnist(options: Mapping[str, Any] | None, base_dir: Path | None) -> Data
           and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                   for v in pr) and pr[0] < pr[1])
     if not ok:
-        opts.problems.add(f"data.options.pixel_range (dataset 'mnist') must be [low, high] "
+        opts.problems.add(f"data.pixel_range (dataset 'mnist') must be [low, high] "
                           f"with low < high, got {pr!r}")
         pr = [0, 255]
     low, high = float(pr[0]), float(pr[1])

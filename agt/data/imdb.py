@@ -24,7 +24,7 @@ _IMDB_HINT = (
     "produce it by embedding the IMDB reviews with GPT-2 via `transformers` (mean of the last "
     "hidden states, 768-d): `python -m agt.data.embed_imdb --reviews aclImdb --out "
     "DIR/imdb_embeddings.npz` (see README section Data), then pass --data-dir DIR or set "
-    "data.options.data_dir"
+    "data.data_dir"
 )
 
 def load_imdb(options: Mapping[str, Any] | None, base_dir: Path | None) -> Dataset:

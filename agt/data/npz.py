@@ -39,7 +39,7 @@ def load_npz(options: Mapping[str, Any] | None, base_dir: Path | None) -> Datase
                 check_pair(x_test, y_test, f"{path.name} ({x_test_key}, {y_test_key})")
         elif opts.has("y_test_key"):
             raise ConfigError(
-                "data.options.y_test_key (dataset 'npz') is set but the file has no test "
+                "data.y_test_key (dataset 'npz') is set but the file has no test "
                 f"features '{x_test_key}'; set x_test_key too")
     check_same_features(x, x_test, "npz")
     if n_classes is None:

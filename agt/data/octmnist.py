@@ -34,7 +34,7 @@ _HINT = (
     "download octmnist.npz from MedMNIST (https://medmnist.com, or its Zenodo record; or "
     "`pip install medmnist` in a separate environment, then `python -c \"import medmnist; "
     "medmnist.OCTMNIST(split='train', download=True, root='DIR')\"`) and pass --data-dir DIR "
-    "or set data.options.data_dir"
+    "or set data.data_dir"
 )
 
 
@@ -73,7 +73,7 @@ def _balance(rng: np.random.Generator, idx: np.ndarray, groups: np.ndarray,
     if len(values) < 2:
         raise DataError(
             f"{where}: balance=true needs at least two classes in the training split, found "
-            f"{sorted(counts)}; widen data.options.classes or set balance: false")
+            f"{sorted(counts)}; widen data.classes or set balance: false")
     m = min(counts.values())
     keep = [subsample_sorted(rng, idx[groups == v], m) for v in values]
     return np.sort(np.concatenate(keep))
@@ -111,7 +111,7 @@ def _read(path: Path, *, train_classes, test_classes, labels: Callable[[np.ndarr
         idx = np.flatnonzero(mask)
         if idx.size == 0:
             raise DataError(f"{path.name}: no training image left for {what} (classes "
-                            f"{list(train_classes)}); check data.options.classes")
+                            f"{list(train_classes)}); check data.classes")
         if balance_by is not None:
             idx = _balance(np.random.default_rng(seed), idx, balance_by(orig[idx]),
                            f"{what} ({path.name})")

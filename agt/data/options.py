@@ -29,7 +29,7 @@ class Options:
         if options is None:
             options = {}
         if not isinstance(options, Mapping):
-            self.problems.add(f"data.options for dataset '{loader}' must be a mapping, got "
+            self.problems.add(f"the options of dataset '{loader}' (keys beside data.name) must be a mapping, got "
                               f"{type(options).__name__}")
             options = {}
         for key in options:
@@ -43,7 +43,7 @@ class Options:
         self.problems.raise_if_any()
 
     def _where(self, key: str) -> str:
-        return f"data.options.{key} (dataset '{self.loader}')"
+        return f"data.{key} (dataset '{self.loader}')"
 
     def _bad(self, key: str, what: str, default: Any) -> Any:
         self.problems.add(f"{self._where(key)} {what}")
@@ -117,7 +117,7 @@ class Options:
         path = self.str("path", None)
         data_dir = self.str("data_dir", None) if default_name is not None else None
         if path is not None and data_dir is not None:
-            self.problems.add(f"give either data.options.path or data.options.data_dir for "
+            self.problems.add(f"give either data.path or data.data_dir for "
                               f"dataset '{self.loader}', not both")
         if path is None and data_dir is None and default_name is None:
             self.problems.add(f"{self._where('path')} is required (the .npz file to load)")
@@ -146,9 +146,19 @@ class NpzArchive:
     def __init__(self, path: Path):
         self.path = Path(path)
         try:
+            with open(self.path, "rb") as fh:
+                magic = fh.read(6)
             obj = np.load(self.path, allow_pickle=False)
         except FileNotFoundError:
             raise DataError(f"file not found: {self.path}") from None
+        except ValueError:
+            # numpy reads any other file as a pickle and suggests allow_pickle=True, which
+            # would run code from the file: say what the file is not instead
+            if magic[:4] != b"PK\x03\x04" and magic != b"\x93NUMPY":
+                raise DataError(f"{self.path} is not a numpy .npz archive (numpy.savez writes "
+                                f"one)") from None
+            raise DataError(f"cannot read {self.path} as a numpy .npz archive (it holds "
+                            f"object arrays, which are not read)") from None
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
             raise DataError(f"cannot read {self.path} as a numpy .npz archive: {exc}") from None
         if not isinstance(obj, np.lib.npyio.NpzFile):
@@ -197,7 +207,7 @@ def as_labels(y: np.ndarray, where: str) -> np.ndarray:
         bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
         if bad.size:
             raise DataError(
-                f"{where}[{int(bad[0])}] = {y[bad[0]]!r} is not an integer class label")
+                f"{where}[{int(bad[0])}] = {y[bad[0]].item()!r} is not an integer class label")
         return np.ascontiguousarray(y, dtype=np.int64)
     raise DataError(f"{where} must hold integer class labels, got dtype {y.dtype}")
 

@@ -454,6 +454,30 @@ def test_full_batch_refuses_and_claims_alike_for_every_n():
     assert accepted(lo, bigger) and not accepted(hi, bigger)
 
 
+@pytest.mark.parametrize("selection", ["exact", "threshold"])
+def test_full_batch_k_far_beyond_n_costs_no_more_than_k_equal_n(selection):
+    """A review's find: k = 999,999,999 (the grid's documented limit) under `batch_size:
+    full` asked for selection buffers of k slots per parameter (96 GB: a traceback). A
+    buffer needs at most the batch's records; every k >= n gets the clamp range, the same
+    bounds bit for bit as a grid of as many values just above n (exact rule; the
+    threshold rule's thresholds depend on the grid, as they always did: any is sound)."""
+    ds = blobs(40, seed=3)
+    n = ds.n_train
+    grid = [0, 1, n - 1, n, n + 1, 10**9 - 1, 10**9]
+    res = train(config(MLP, k_values=grid, dtype="float32", selection=selection), ds)
+    lo, hi = res.lower, res.upper
+    for name in lo:
+        for j in (5, 6):
+            assert torch.equal(lo[name][j], lo[name][4]) and torch.equal(hi[name][j], hi[name][4])
+    if selection == "threshold":
+        return
+    small = train(config(MLP, k_values=grid[:5] + [n + 5, n + 6], dtype="float32",
+                         selection=selection), ds)
+    for name in lo:
+        assert torch.equal(small.lower[name], lo[name])
+        assert torch.equal(small.upper[name], hi[name])
+
+
 def test_update_coefficients_that_underflow_are_refused(tmp_path):
     """A review's case: float64, learning rate 5e-324 with momentum 0.4. The interval
     update's coefficient lr * momentum underflowed to 0 in float64, which dropped the

@@ -206,3 +206,15 @@ def test_bad_composition_inputs_are_refused():
         Accountant("advanced").total([0.1], [0.0])  # neither delta_prime nor a budget
     with pytest.raises(PrivacyError, match="must exceed"):
         tight_epsilon(0.1, 10, 1e-6, per_query_delta=1e-7)
+
+
+def test_a_rounding_leftover_is_a_spent_budget():
+    """A review's find: a ledger planned to its total kept 1e-13 of a budget of 1000 from
+    rounding, and the next plan "released" 20 labels at eps 6e-15 each (noise alone)."""
+    from agt.errors import BudgetExceededError
+    from mechanisms.accounting import plan_queries
+    spent = [(1000.0 * (1 - 1e-13), 0.0, 1)]
+    with pytest.raises(BudgetExceededError, match="budget is spent"):
+        plan_queries(1000.0, 0.5, 20, False, "standard", spent=spent)
+    eps, _ = plan_queries(1000.0, 0.5, 20, False, "standard", spent=[(900.0, 0.0, 1)])
+    assert eps == pytest.approx(5.0)

@@ -138,6 +138,10 @@ def cases(d: Path):
         for v in values:
             yield f"predict {flag} {v!s}", swap(predict, flag, v)
     yield "predict ss-laplace without delta", swap(predict, "--mechanism", "ss-laplace")
+    long_name = "a" * 300
+    for name, argv, suffix in (("predict", predict, ".csv"), ("certify", certify, ".csv"),
+                               ("train", train_, ".h5")):
+        yield f"{name} --out name too long", swap(argv, "--out", d / (long_name + suffix))
     for flag in ("--epsilon-total",):
         for v in BAD_NUMBERS + ["0"]:
             yield f"labels {flag} {v!r}", swap(labels, flag, v)
@@ -220,6 +224,26 @@ def test_impossible_config_values_are_one_line_errors(world, capsys, tmp_path, k
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("agt: error:") and message in err, err
     assert len(err.strip().splitlines()) == 1 and listing(tmp_path) == before
+
+
+def test_refusals_say_what_is_wrong(world, capsys, tmp_path):
+    """A new user's review: numpy's hint to load a non-npz file with allow_pickle (which runs
+    code from the file), "bounds file not found" for an ensemble directory, a duplicate
+    config key silently overriding the first, and a traceback for a name too long."""
+    d = world
+    last = assert_refused(capsys, d, ["certify", "--bounds", d / "b.h5", "--data",
+                                      d / "garbage.npz", "--out", d / "new" / "c.csv"])
+    assert "not a numpy .npz archive" in last and "pickle" not in last
+    last = assert_refused(capsys, d, ["inspect", d / "ens"])
+    assert "ensemble directory" in last and "teacher_NNN.h5" in last
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(CONFIG + "\nlearning_rate: 3\n")
+    last = assert_refused(capsys, d, ["train", "--config", twice, "--out",
+                                      d / "new" / "t.h5", "--quiet"])
+    assert "'learning_rate' appears twice" in last
+    last = assert_refused(capsys, d, ["certify", "--bounds", d / "b.h5", "--data",
+                                      d / "q.npz", "--out", d / ("b" * 300 + ".csv")])
+    assert "cannot be used (File name too long)" in last
 
 
 def test_relative_pretrained_path_resolves_against_the_config(tmp_path, monkeypatch, capsys):

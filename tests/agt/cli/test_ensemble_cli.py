@@ -425,3 +425,49 @@ def test_teacher_labels_cannot_write_over_its_ledger(workdir, tmp_path, capsys):
                                           "ledger.db"), "--overwrite")
     assert rc == 0, err      # another name is fine
     assert len(releases(tmp_path / "ledger.db")) == Q
+
+
+def test_refused_first_releases_create_no_ledger(workdir, tmp_path, capsys):
+    """A new user's review: a refused first release (over the budget, a bad student config,
+    settings that do not go together) still created the ledger, whose budget, accountant
+    and fixed per-query guarantee then bound every later call; the advice to lower the
+    per-query epsilon could never help. Now the release is tried on an in-memory ledger of
+    the same settings first, and a refusal leaves no file."""
+    bad_student = tmp_path / "student.yaml"
+    bad_student.write_text(CONFIG.replace("in: 6", "in: 7"))
+    predict = ["predict", "--bounds", workdir / "ens" / "teacher_000.h5", "--data",
+               workdir / "public.npz", "--split", "test", "--mechanism", "exp-radius",
+               "--epsilon", 1.0, "--out", tmp_path / "p.csv"]
+    refusals = [
+        (predict + ["--ledger", tmp_path / "a.db", "--budget-epsilon", 5.0], "a.db",
+         "at most 5 of these queries fit"),
+        (predict + ["--ledger", tmp_path / "b.db", "--budget-epsilon", 50.0,
+                    "--budget-delta", 1e-6, "--accountant", "advanced"], "b.db",
+         "charges every query its fixed (1.0, 0.0)"),
+        (labels_args(workdir, tmp_path, "lnmax", 10.0, 0.0, "s.npz", "c.db",
+                     "--train-student", "--student-config", bad_student), "c.db",
+         "expects 7 input features"),
+        (labels_args(workdir, tmp_path, "ens-ss-laplace", 10.0, 0.0, "t.npz", "d.db"), "d.db",
+         "delta"),
+    ]
+    for argv, ledger, phrase in refusals:
+        rc, out, err = run(capsys, *argv)
+        assert rc == 2 and phrase in err, err
+        assert not (tmp_path / ledger).exists(), argv
+    assert not any(p.suffix in (".csv", ".npz") for p in tmp_path.iterdir())
+    # the same first releases within what they ask for go through
+    rc, _, err = run(capsys, *predict, "--ledger", tmp_path / "a.db", "--budget-epsilon", 500.0)
+    assert rc == 0, err
+
+
+def test_release_commands_offer_only_what_they_can_release(workdir, tmp_path, capsys):
+    """teacher-labels offered the convex baselines (their inputs never come from bundles)
+    and predict a --radius-rule no single-model mechanism takes: usage errors now."""
+    for argv in (labels_args(workdir, tmp_path, "model-sens"),
+                 ["predict", "--bounds", workdir / "ens" / "teacher_000.h5", "--data",
+                  workdir / "public.npz", "--mechanism", "gs", "--epsilon", 1.0,
+                  "--radius-rule", "tight", "--out", tmp_path / "p.csv"]):
+        with pytest.raises(SystemExit) as stop:
+            main([str(a) for a in argv])
+        assert stop.value.code == 2
+    assert not list(tmp_path.iterdir())

@@ -198,7 +198,7 @@ def test_npz_errors(tmp_path):
     with pytest.raises(DataError, match=r"no array 'x_train'; keys present: a"):
         load_dataset("npz", {"path": str(tmp_path / "d.npz")})
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
-    with pytest.raises(DataError, match="cannot read"):
+    with pytest.raises(DataError, match="is not a numpy .npz archive"):
         load_dataset("npz", {"path": str(tmp_path / "junk.npz")})
     np.savez(tmp_path / "f.npz", x_train=np.ones((3, 2)), y_train=np.array([0.0, 0.5, 1.0]))
     with pytest.raises(DataError, match="not an integer"):
@@ -413,7 +413,7 @@ def test_load_npz_queries_errors(tmp_path):
     with pytest.raises(DataError, match="not found"):
         load_npz_queries(tmp_path / "missing.npz")
     (tmp_path / "bad.npz").write_text("hello")
-    with pytest.raises(DataError, match="cannot read"):
+    with pytest.raises(DataError, match="is not a numpy .npz archive"):
         load_npz_queries(tmp_path / "bad.npz")
     np.save(tmp_path / "single.npy", np.ones(3))
     with pytest.raises(DataError, match="single array"):
