@@ -133,7 +133,7 @@ def check_output(path: str | Path, *, suffixes: tuple[str, ...] = (), overwrite:
     if path.is_dir():
         raise ConfigError(f"{what} {path} is a directory; give a file name")
     if os.path.lexists(path) and not overwrite:         # a dangling link counts as existing
-        raise ConfigError(f"{what} {path} exists; refusing to overwrite a release file (give a "
+        raise ConfigError(f"{what} {path} exists; refusing to overwrite it (give a "
                           f"new name, or --overwrite)")
     existing = next(p for p in (path.parent, *path.parent.parents) if p.exists())
     if not existing.is_dir():

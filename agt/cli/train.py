@@ -48,6 +48,8 @@ def add_parser(sub) -> None:
                    help="with --ensemble: train the teachers on Ray; 'local' starts a local "
                         "instance, 'auto' or ray://HOST:PORT joins a cluster (needs the "
                         "distributed extra)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out (a bundle, or an ensemble directory)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=run)
 
@@ -85,9 +87,14 @@ def run(args) -> int:
         if out.suffix == ".h5" or (out.exists() and not out.is_dir()):
             raise ConfigError(f"an ensemble is written as a directory; give --out DIR, not "
                               f"{out.name}")
+        if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+            raise ConfigError(f"--out {out} exists and is not empty; refusing to replace an "
+                              f"ensemble (give a new name, or --overwrite)")
     else:
+        # a bundle may stand for hours of training: replaced only when asked to
         out = check_output(Path(args.out) if args.out else
-                           Path("artifacts") / "bundles" / f"{stem}.h5", suffixes=(".h5",))
+                           Path("artifacts") / "bundles" / f"{stem}.h5", suffixes=(".h5",),
+                           overwrite=args.overwrite, what="--out (a bundle)")
     ds = load_dataset(cfg.data.name, cfg.data.options, base_dir=Path(args.config).resolve().parent)
     if args.ensemble:
         return _ensemble(args, cfg, ds, out, execution)

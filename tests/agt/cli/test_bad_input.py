@@ -500,3 +500,24 @@ def test_concurrent_writers_to_one_output_never_collide(tmp_path):
         assert p.returncode == 0, err
     read_bundle(tmp_path / "same.h5")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "same.h5"]
+
+
+def test_train_keeps_an_existing_bundle_unless_told(world, capsys, tmp_path):
+    """A new user's review: `agt train --out` silently replaced a bundle (hours of training)
+    and an ensemble directory. Refused before any training now; --overwrite replaces."""
+    d = world
+    bundle = tmp_path / "b.h5"
+    bundle.write_bytes((d / "b.h5").read_bytes())
+    before = bundle.read_bytes()
+    last = assert_refused(capsys, d, ["train", "--config", d / "c.yaml", "--out", bundle,
+                                      "--quiet"])
+    assert "exists" in last and "--overwrite" in last and bundle.read_bytes() == before
+    ens = tmp_path / "ens"
+    ens.mkdir()
+    (ens / "manifest.json").write_text("{}")
+    last = assert_refused(capsys, d, ["train", "--config", d / "c.yaml", "--ensemble", "2",
+                                      "--out", ens, "--quiet"])
+    assert "not empty" in last and (ens / "manifest.json").read_text() == "{}"
+    assert main(["train", "--config", str(d / "c.yaml"), "--out", str(bundle), "--quiet",
+                 "--overwrite"]) == 0
+    assert bundle.read_bytes() != before
