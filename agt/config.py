@@ -394,12 +394,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue      # "<<: *anchor": its keys may be overridden here, as YAML says
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            plain = key is None or isinstance(key, (str, int, float, bool))
+            if plain and key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"the key {key!r} appears twice in one mapping",
                     key_node.start_mark)
-            seen.add(key if isinstance(key, (str, int, float, bool)) else id(key_node))
+            seen.add(key if plain else id(key_node))
         return super().construct_mapping(node, deep=deep)
 
 

@@ -98,11 +98,13 @@ def check_not_an_input(out: Path, inputs: dict[str, str | Path | None], *,
     command that input may be its ledger, and replacing the ledger after the spend would
     erase the spend it just recorded (a review's find: the next release on the dataset then
     had the whole budget again)."""
-    target = Path(out).expanduser()
+    # the paths as the commands open them: no ~ expansion (the shell's job; a folder may be
+    # named ~, and a review wrote the labels over the ledger through one)
+    target = Path(os.path.abspath(out))
     for flag, given in inputs.items():
         if given is None:
             continue
-        source = Path(given).expanduser()
+        source = Path(os.path.abspath(given))
         same = target.resolve() == source.resolve()
         if not same and target.exists() and source.exists():
             same = os.path.samefile(target, source)

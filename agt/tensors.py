@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Iterator
 
 import torch
@@ -42,13 +43,69 @@ def resolve_device(name: str | torch.device) -> torch.device:
     return torch.device(name)
 
 
+#: the backends whose float32 precision torch (>= 2.9) sets one by one; "ieee" everywhere
+_PRECISION_BACKENDS = ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn",
+                       "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+_STRICT_LOCK = threading.Lock()
+_strict_depth = 0
+_strict_saved: tuple | None = None
+
+
+def _precision_switches() -> list:
+    found = []
+    for path in _PRECISION_BACKENDS:
+        obj = torch.backends
+        for part in filter(None, path.split(".")):
+            obj = getattr(obj, part, None)
+        if obj is not None and hasattr(obj, "fp32_precision"):
+            found.append(obj)
+    return found
+
+
+def _save_switches() -> tuple:
+    cudnn = torch.backends.cudnn
+    switches = _precision_switches()
+    if switches:     # the per-backend API: the legacy getters raise once it was used
+        precision = ("new", [(s, s.fp32_precision) for s in switches])
+    else:
+        precision = ("legacy", (torch.backends.cuda.matmul.allow_tf32, cudnn.allow_tf32,
+                                torch.get_float32_matmul_precision()))
+    return (precision, torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(), cudnn.benchmark,
+            cudnn.deterministic)
+
+
+def _set_ieee() -> None:
+    switches = _precision_switches()
+    if switches:
+        for s in switches:
+            s.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+
+
+def _restore_switches(saved: tuple) -> None:
+    (kind, values), deterministic, warn_only, benchmark, cudnn_deterministic = saved
+    if kind == "new":
+        for s, value in values:
+            s.fp32_precision = value
+    else:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = values[:2]
+        torch.set_float32_matmul_precision(values[2])
+    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    torch.backends.cudnn.benchmark = benchmark
+    torch.backends.cudnn.deterministic = cudnn_deterministic
+
+
 @contextlib.contextmanager
 def strict_kernels(device: torch.device) -> Iterator[None]:
     """While the block runs: IEEE float products, and deterministic kernels off the CPU.
 
-    * TF32 off (matmul and cuDNN) and float32 matmul precision "highest": the rounding
-      model of the bounds (agt/interval.py) is IEEE arithmetic in the dtype; TF32's 10-bit
-      mantissa products would leave it.
+    * float32 precision "ieee" on every backend (no TF32 on CUDA, no bf16 in oneDNN's CPU
+      matmuls, which a user's "medium" precision turns on where the CPU has them): the
+      rounding model of the bounds (agt/interval.py) is IEEE arithmetic in the dtype.
     * On a non-CPU device, ``torch.use_deterministic_algorithms(True)`` and cuDNN's
       deterministic, non-benchmarking algorithms. Two claims compare computations at the same
       grade and so rest on run-to-run determinism (the same operations on the same operands
@@ -57,28 +114,31 @@ def strict_kernels(device: torch.device) -> Iterator[None]:
       kernels were checked to have it (README, Soundness); CUDA's atomics-based reductions
       and cuDNN's timed algorithm choice do not without these switches. cuBLAS also needs
       ``CUBLAS_WORKSPACE_CONFIG`` set before it starts; ``import agt`` sets ":4096:8" unless
-      the user set it.
+      the user set it (too late where CUDA started before agt was imported).
 
-    Every switch is restored on exit, also on error."""
-    cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    saved = (cuda.allow_tf32, cudnn.allow_tf32, torch.get_float32_matmul_precision(),
-             torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled(),
-             cudnn.benchmark, cudnn.deterministic)
-    cuda.allow_tf32 = False
-    cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    if torch.device(device).type != "cpu":
-        torch.use_deterministic_algorithms(True)
-        cudnn.benchmark = False
-        cudnn.deterministic = True
+    The switches are process-wide, so blocks share them: the first to enter saves the
+    caller's settings, the last to leave restores them (also on error), and a block that
+    starts while another runs (another thread's training) never finds them lax (a review
+    found a concurrent training run under the caller's settings when each block restored
+    its own)."""
+    global _strict_depth, _strict_saved
+    with _STRICT_LOCK:
+        if _strict_depth == 0:
+            _strict_saved = _save_switches()
+        _strict_depth += 1
+        _set_ieee()
+        if torch.device(device).type != "cpu":
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.benchmark = False
+            torch.backends.cudnn.deterministic = True
     try:
         yield
     finally:
-        cuda.allow_tf32, cudnn.allow_tf32 = saved[0], saved[1]
-        torch.set_float32_matmul_precision(saved[2])
-        torch.use_deterministic_algorithms(saved[3], warn_only=saved[4])
-        cudnn.benchmark, cudnn.deterministic = saved[5], saved[6]
+        with _STRICT_LOCK:
+            _strict_depth -= 1
+            if _strict_depth == 0 and _strict_saved is not None:
+                saved, _strict_saved = _strict_saved, None
+                _restore_switches(saved)
 
 
 def predicted_classes(logits: torch.Tensor) -> torch.Tensor:

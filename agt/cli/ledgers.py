@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Iterator
 
-from agt.errors import ConfigError, PrivacyError
+from agt.errors import AGTError, ConfigError, PrivacyError
 
 
 def open_ledger(path_arg: str | None, dataset_sha256: str, budget_epsilon: float | None,
@@ -39,6 +41,22 @@ def open_ledger(path_arg: str | None, dataset_sha256: str, budget_epsilon: float
             probe.check_release(*release)
     return Ledger.open(path, budget_epsilon, budget_delta, accountant, relation=relation,
                        dataset_sha256=dataset_sha256, **fixed)
+
+
+@contextlib.contextmanager
+def default_ledger_unnamed(path: Path | None) -> Iterator[None]:
+    """Errors that name the default ledger's file (``path``; None: the user named a ledger)
+    call it "this dataset's default ledger" instead: its name is a keyed hash of the private
+    dataset's hash, the same for every release from one dataset and another for a
+    neighbouring one, which a release command must not print (`agt.cli.format.ledger_line`;
+    a review found it in the settings-mismatch refusal)."""
+    try:
+        yield
+    except AGTError as exc:
+        text = str(exc)
+        if path is None or str(path) not in text:
+            raise
+        raise type(exc)(text.replace(str(path), "this dataset's default ledger")) from None
 
 
 def write_after_spend(out: Path, writer, overwrite: bool) -> Path:

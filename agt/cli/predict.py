@@ -19,7 +19,8 @@ from pathlib import Path
 
 from agt.cli.format import (add_release_options, guarantee_line, ledger_line,
                             mechanism_options, non_empty, positive_float, unit_float)
-from agt.cli.ledgers import SpendGuard, open_ledger, write_after_spend
+from agt.cli.ledgers import (SpendGuard, default_ledger_unnamed, open_ledger,
+                             write_after_spend)
 
 
 def add_parser(sub) -> None:
@@ -55,7 +56,7 @@ def run(args) -> int:
     from agt.data import load_npz_queries
     from agt.io import check_not_an_input, check_output
     from agt.store import read_bundle
-    from mechanisms import Certified, make_mechanism
+    from mechanisms import Certified, default_ledger_path, make_mechanism
     from mechanisms.ledger import hash_query
 
     mechanism = make_mechanism(args.mechanism, args.epsilon, args.delta,
@@ -70,7 +71,8 @@ def run(args) -> int:
                                         with_radii=mechanism.uses_radii)
     mechanism.check(inputs)
     per_query = mechanism.guarantee_for(inputs, args.relation or "replace-one")
-    with SpendGuard() as guard:
+    default = None if args.ledger else default_ledger_path(inputs.source.dataset_sha256)
+    with default_ledger_unnamed(default), SpendGuard() as guard:
         with open_ledger(args.ledger, inputs.source.dataset_sha256, args.budget_epsilon,
                          args.budget_delta, args.accountant, args.relation,
                          (per_query.epsilon, per_query.delta),

@@ -21,7 +21,8 @@ import numpy as np
 from agt.cli.format import (add_release_options, guarantee_line, ledger_line,
                             mechanism_options, non_empty, non_negative_int, positive_float,
                             unit_float)
-from agt.cli.ledgers import SpendGuard, open_ledger, write_after_spend
+from agt.cli.ledgers import (SpendGuard, default_ledger_unnamed, open_ledger,
+                             write_after_spend)
 from agt.errors import ConfigError, PrivacyError
 
 
@@ -141,64 +142,68 @@ def run(args) -> int:
     options = mechanism_options(args)
     probe = make_mechanism(args.mechanism, 1.0, 0.5 if entry.needs_delta else None, **options)
     if bundle is None:
-        cert = EnsembleCertifier(ens, device=resolve_device(args.device)).certify(x, radii=probe.uses_radii)
+        certifier = EnsembleCertifier(ens, device=resolve_device(args.device))
+        cert = certifier.certify(x, radii=probe.uses_radii)
         inputs = Votes.from_certificate(cert, ids, with_radii=probe.uses_radii)
         n_teachers = ens.n_teachers
     else:
-        cert = Certifier(bundle, device=resolve_device(args.device)).certify(x, radii=probe.uses_radii)
+        cert = Certifier(bundle, device=resolve_device(args.device)).certify(
+            x, radii=probe.uses_radii)
         inputs = Certified.from_certificate(cert, ids, with_radii=probe.uses_radii)
         n_teachers = 1
     dataset = inputs.source.dataset_sha256
 
     path = Path(args.ledger) if args.ledger else default_ledger_path(dataset)
-    new = not path.exists() or (path.is_file() and path.stat().st_size == 0)
-    if new:
-        accountant = args.accountant or ("best" if probe.per_query else "standard")
-        eps_q, delta_q = plan_queries(args.epsilon_total, args.delta_total, q, entry.needs_delta,
-                                      accountant, args.per_query_delta,
-                                      session=not probe.per_query)
-        mechanism = make_mechanism(args.mechanism, eps_q, delta_q if entry.needs_delta else None,
-                                   **options)
-        g = mechanism.guarantee_for(inputs, args.relation or "replace-one")
-        ledger = open_ledger(args.ledger, dataset, args.epsilon_total, args.delta_total,
-                             accountant, args.relation, (g.epsilon, g.delta),
-                             "--epsilon-total and --delta-total", release=(mechanism, inputs))
-    else:
-        ledger = Ledger.open(path, args.epsilon_total, args.delta_total, args.accountant,
-                             relation=args.relation, dataset_sha256=dataset)
-        try:
-            mechanism = _mechanism_for(ledger, args, entry, q, options, not probe.per_query)
-        except BaseException:
-            ledger.close()
-            raise
-    with SpendGuard() as guard:
-        with ledger:
-            released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)
-            guard.spent = True
-            summary = ledger_line(ledger, named=bool(args.ledger))
-            accountant = ledger.accountant.name
-            budget = (ledger.budget_epsilon, ledger.budget_delta)
-        labels = released.labels
-        g = released.guarantee
-        arrays = {
-            "labels": labels.astype(np.int64), "answered": labels >= 0,
-            "query_index": np.arange(q, dtype=np.int64),
-            "mechanism": np.asarray(released.mechanism),
-            "epsilon_per_query": np.float64(g.epsilon), "delta_per_query": np.float64(g.delta),
-            "relation": np.asarray(g.relation), "guarantee": np.asarray(g.note),
-            "epsilon_total": np.float64(budget[0]), "delta_total": np.float64(budget[1]),
-            "accountant": np.asarray(accountant), "n_queries": np.int64(q),
-            "n_teachers": np.int64(n_teachers), "public": np.asarray(str(args.public)),
-            "split": np.asarray(args.split), "seeded": np.bool_(released.seeded),
-            "guarantee_per_query": np.bool_(released.per_query),
-        }
-        # the seed itself stays in the ledger (owner-side): whoever knows it can remove the noise
+    with default_ledger_unnamed(None if args.ledger else path):
+        new = not path.exists() or (path.is_file() and path.stat().st_size == 0)
+        if new:
+            accountant = args.accountant or ("best" if probe.per_query else "standard")
+            eps_q, delta_q = plan_queries(args.epsilon_total, args.delta_total, q,
+                                          entry.needs_delta, accountant, args.per_query_delta,
+                                          session=not probe.per_query)
+            mechanism = make_mechanism(args.mechanism, eps_q,
+                                       delta_q if entry.needs_delta else None, **options)
+            g = mechanism.guarantee_for(inputs, args.relation or "replace-one")
+            ledger = open_ledger(args.ledger, dataset, args.epsilon_total, args.delta_total,
+                                 accountant, args.relation, (g.epsilon, g.delta),
+                                 "--epsilon-total and --delta-total", release=(mechanism, inputs))
+        else:
+            ledger = Ledger.open(path, args.epsilon_total, args.delta_total, args.accountant,
+                                 relation=args.relation, dataset_sha256=dataset)
+            try:
+                mechanism = _mechanism_for(ledger, args, entry, q, options, not probe.per_query)
+            except BaseException:
+                ledger.close()
+                raise
+        with SpendGuard() as guard:
+            with ledger:
+                released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)
+                guard.spent = True
+                summary = ledger_line(ledger, named=bool(args.ledger))
+                accountant = ledger.accountant.name
+                budget = (ledger.budget_epsilon, ledger.budget_delta)
+            labels = released.labels
+            g = released.guarantee
+            arrays = {
+                "labels": labels.astype(np.int64), "answered": labels >= 0,
+                "query_index": np.arange(q, dtype=np.int64),
+                "mechanism": np.asarray(released.mechanism),
+                "epsilon_per_query": np.float64(g.epsilon),
+                "delta_per_query": np.float64(g.delta),
+                "relation": np.asarray(g.relation), "guarantee": np.asarray(g.note),
+                "epsilon_total": np.float64(budget[0]), "delta_total": np.float64(budget[1]),
+                "accountant": np.asarray(accountant), "n_queries": np.int64(q),
+                "n_teachers": np.int64(n_teachers), "public": np.asarray(str(args.public)),
+                "split": np.asarray(args.split), "seeded": np.bool_(released.seeded),
+                "guarantee_per_query": np.bool_(released.per_query),
+            }
+            # the seed stays in the ledger (owner-side): whoever knows it can remove the noise
 
-        def write(p: Path) -> None:
-            with open(p, "wb") as fh:
-                np.savez(fh, **arrays)
+            def write(p: Path) -> None:
+                with open(p, "wb") as fh:
+                    np.savez(fh, **arrays)
 
-        out = write_after_spend(out, write, args.overwrite)
+            out = write_after_spend(out, write, args.overwrite)
     print(guarantee_line(q, released.mechanism, g, f" from {n_teachers} teacher(s)"
                          + (" (INSECURE seeded noise)" if released.seeded else ""),
                          released.per_query))

@@ -458,3 +458,15 @@ def test_empty_k_values_rejected_and_numpy_ints_accepted():
     with pytest.raises(ConfigError, match="empty"):
         parse_k_values("")
     assert parse_k_values([np.int64(3), 1]) == (0, 1, 3)
+
+
+def test_yaml_refuses_a_key_given_twice_and_keeps_merge_keys():
+    """PyYAML keeps the last of two equal keys silently (a learning_rate appended at the end
+    of a config overrode the first); merge keys (<<: *anchor) override by design."""
+    import yaml
+    from agt.config import load_yaml
+    assert load_yaml("base: &b {lr: 1, g: 2}\nrun: {<<: *b, lr: 3}") == {
+        "base": {"lr": 1, "g": 2}, "run": {"lr": 3, "g": 2}}
+    for text in ("a: 1\na: 2", "~: a\nnull: b", "x: {y: 1, y: 2}", "1: a\n1: b"):
+        with pytest.raises(yaml.YAMLError, match="appears twice"):
+            load_yaml(text)

@@ -300,6 +300,9 @@ def test_default_ledger_is_the_datasets_own(workdir, tmp_path, capsys, monkeypat
     rc, out, err = run(capsys, *argv2)
     assert rc == 2 and "budget" in err and len(releases(path)) == Q
     assert path.stem not in out + err
+    # nor in the refusal of other settings (a review's find)
+    rc, out, err = run(capsys, *argv, "--relation", "add-remove", "--overwrite")
+    assert rc == 2 and "this dataset's default ledger" in err and path.stem not in out + err
     # a new default ledger without a budget is refused without its name either
     argv3 = ["predict", "--bounds", workdir / "ens" / "teacher_001.h5", "--data",
              workdir / "public.npz", "--mechanism", "gs", "--epsilon", 1.0,

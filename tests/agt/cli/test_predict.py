@@ -5,6 +5,7 @@ recorded; certify plots."""
 from __future__ import annotations
 
 import csv
+import os
 
 import numpy as np
 import pytest
@@ -187,6 +188,20 @@ def test_the_output_cannot_be_the_ledger_or_an_input(setup, tmp_path, capsys, li
     assert ledger.read_bytes() == before
     with Ledger.open(ledger) as opened:
         assert len(opened.entries()) == spent
+    # a folder named ~ (a review's bypass: ~ was expanded for the check, not for the ledger)
+    tilde = tmp_path / "~"
+    tilde.mkdir(exist_ok=True)
+    ledger2 = tilde / "l.csv"
+    ledger2.write_bytes(before)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        rc = run("predict", "--bounds", bundle, "--data", d / "q.npz", *common, "--ledger",
+                 "./~/l.csv", "--out", tilde / "l.csv")
+    finally:
+        os.chdir(cwd)
+    assert rc == 2 and "is the file given as --ledger" in capsys.readouterr().err
+    assert ledger2.read_bytes() == before
     queries = tmp_path / "q.csv.npz"
     queries.write_bytes((d / "q.npz").read_bytes())
     data_out = tmp_path / "data.csv"
