@@ -351,12 +351,7 @@ class Ledger:
         operating system's secure randomness (experiments and tests only: anyone who knows
         the seed can remove the noise); every row of such a release records it.
         """
-        if not isinstance(mechanism, Mechanism):
-            raise PrivacyError(f"release needs a mechanism object (mechanisms.make_mechanism), "
-                               f"got {type(mechanism).__name__}")
-        mechanism.check(inputs)
-        guarantee = mechanism.guarantee_for(inputs, self.relation)
-        eps_c, delta_c = self.charge_for(guarantee)
+        guarantee, eps_c, delta_c = self._charge(mechanism, inputs)
         if insecure_seed is not None and insecure_rng is not None:
             raise PrivacyError("give insecure_seed or insecure_rng, not both")
         if insecure_seed is not None and (isinstance(insecure_seed, bool) or
@@ -368,8 +363,6 @@ class Ledger:
         seeded = insecure_seed is not None or insecure_rng is not None
         rng = insecure_rng if insecure_rng is not None else make_generator(insecure_seed)
         n = inputs.n_queries
-        if n == 0:
-            raise PrivacyError("nothing to release: the inputs hold no query")
         ids = inputs.query_ids or ("",) * n
         note = f"relation={self.relation}; {guarantee.note}"
         if (eps_c, delta_c) != (guarantee.epsilon, guarantee.delta):
@@ -419,7 +412,8 @@ class Ledger:
                     f"the ledger {self.path} accounts for another dataset than these inputs "
                     f"come from: one ledger per private dataset (use that dataset's own "
                     f"ledger)")
-            self._check_budget([(c.epsilon, c.delta) for c in charges])
+            # one release charges every query (or its one session) the same (eps, delta)
+            self._check_budget(charges[0].epsilon, charges[0].delta, len(charges))
             if bound is None:
                 conn.execute("UPDATE ledger_meta SET dataset_sha256 = ?", (dataset_sha256,))
             now = _now()
@@ -440,62 +434,70 @@ class Ledger:
                 conn.execute("ROLLBACK")
             raise
 
-    def _check_budget(self, charges: Sequence[tuple[float, float]]) -> None:
-        """Raise BudgetExceededError unless `charges` ((eps, delta) each) fit what is left,
-        saying what is spent and how many of these charges would fit."""
-        def groups(count: int) -> list[SpendGroup]:
-            merged: dict[tuple[float, float], int] = {}
-            for pair in charges[:count]:
-                merged[pair] = merged.get(pair, 0) + 1
-            return [(e, d, k) for (e, d), k in merged.items()]
-
+    def _check_budget(self, epsilon: float, delta: float, count: int) -> None:
+        """Raise BudgetExceededError unless `count` more charges of (epsilon, delta) fit
+        what is left, saying what is spent and how many of them would fit."""
         recorded = self._recorded_groups()
-        total = self._compose(recorded + groups(len(charges)))
-        if total.fits(self.budget_epsilon, self.budget_delta):
+
+        def total(m: int) -> Composition:
+            return self._compose(recorded + ([(epsilon, delta, m)] if m else []))
+
+        over = total(count)
+        if over.fits(self.budget_epsilon, self.budget_delta):
             return
-        lo, hi = 0, len(charges)           # the largest prefix that fits (composition is
-        while lo + 1 < hi:                 # monotone in the number of charges)
+        def fits(m: int) -> bool:
+            return total(m).fits(self.budget_epsilon, self.budget_delta)
+
+        # the most that fit (composition is monotone in the number of charges): doubling,
+        # then bisection, so the compositions stay near the answer's size (a PLD of 10^6
+        # charges takes seconds)
+        lo, hi = 0, 1
+        # (not under `tight`: its exact check costs about a second per composition there)
+        exact_count = self.accountant.name != "tight"
+        while exact_count and hi < count and fits(hi):
+            lo, hi = hi, min(2 * hi, count)
+        while exact_count and lo + 1 < hi:
             mid = (lo + hi) // 2
-            if self._compose(recorded + groups(mid)).fits(self.budget_epsilon, self.budget_delta):
-                lo = mid
-            else:
-                hi = mid
-        spent = self._compose(recorded)
-        eps_q, delta_q = charges[0]
-        each = f"(eps={eps_q!r}, delta={delta_q!r}) each"
-        if len(set(charges)) > 1:
-            each = "their charges"
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        spent = total(0)
         if self.per_query is not None:
             advice = (f"this ledger charges every query its fixed ({self.per_query[0]!r}, "
-                      f"{self.per_query[1]!r}) whatever the mechanism's own guarantee; at most "
-                      f"{lo} such queries fit now")
+                      f"{self.per_query[1]!r}) whatever the mechanism's own guarantee; "
+                      + (f"at most {lo} such queries fit now" if exact_count else
+                         "release fewer queries"))
         elif lo == 0 and recorded:
             advice = "not one of these charges fits what is left"
-        elif len(charges) == 1:
+        elif count == 1:
             advice = "lower the session's epsilon (or delta)"
         else:
             advice = (f"at most {lo} of these queries fit; release fewer or lower the per-query "
                       f"epsilon (or delta)")
         raise BudgetExceededError(
-            f"{len(charges)} release(s) at {each} would bring the total to "
-            f"(eps={total.epsilon!r}, delta={total.delta!r}) under {total.method} "
+            f"{count} release(s) at (eps={epsilon!r}, delta={delta!r}) each would bring the "
+            f"total to (eps={over.epsilon!r}, delta={over.delta!r}) under {over.method} "
             f"composition, over the budget (eps={self.budget_epsilon!r}, "
             f"delta={self.budget_delta!r}) of which (eps={spent.epsilon!r}, "
             f"delta={spent.delta!r}) is spent; nothing was released: {advice}")
+
+    def _charge(self, mechanism: Mechanism, inputs) -> tuple[Guarantee, float, float]:
+        """The checks before anything is recorded (inputs, relation, the fixed per-query
+        guarantee): the guarantee and the (eps, delta) charged per query (session)."""
+        if not isinstance(mechanism, Mechanism):
+            raise PrivacyError(f"release needs a mechanism object (mechanisms.make_mechanism), "
+                               f"got {type(mechanism).__name__}")
+        mechanism.check(inputs)
+        guarantee = mechanism.guarantee_for(inputs, self.relation)
+        eps_c, delta_c = self.charge_for(guarantee)
+        if inputs.n_queries == 0:
+            raise PrivacyError("nothing to release: the inputs hold no query")
+        return guarantee, eps_c, delta_c
 
     def check_release(self, mechanism: Mechanism, inputs) -> None:
         """Every check `release` makes before it records anything (inputs, relation, the
         fixed per-query guarantee, the budget), recording nothing: a dry run, e.g. on an
         in-memory ledger with a new file ledger's settings before that file is created."""
-        if not isinstance(mechanism, Mechanism):
-            raise PrivacyError(f"release needs a mechanism object (mechanisms.make_mechanism), "
-                               f"got {type(mechanism).__name__}")
-        mechanism.check(inputs)
-        eps_c, delta_c = self.charge_for(mechanism.guarantee_for(inputs, self.relation))
-        n = inputs.n_queries if mechanism.per_query else 1
-        if inputs.n_queries == 0:
-            raise PrivacyError("nothing to release: the inputs hold no query")
-        self._check_budget([(eps_c, delta_c)] * n)
+        _, eps_c, delta_c = self._charge(mechanism, inputs)
+        self._check_budget(eps_c, delta_c, inputs.n_queries if mechanism.per_query else 1)
 
     def entries(self) -> list[LedgerEntry]:
         """Every recorded charge, oldest first."""

@@ -530,3 +530,26 @@ def test_a_ledger_in_memory_is_refused_outside_simulations(tmp_path):
             Ledger.open(path, 1.0)
     with Ledger.in_memory(1.0) as ledger:
         assert ledger.budget_epsilon == 1.0
+
+
+@pytest.mark.parametrize("accountant,fixed", [
+    ("standard", {}), ("best", {"per_query_epsilon": 0.3, "per_query_delta": 0.0}),
+    ("advanced", {"per_query_epsilon": 0.3, "per_query_delta": 0.0})])
+def test_a_refusal_over_the_budget_says_how_many_would_fit(accountant, fixed):
+    """The count the refusal names is the largest that `fits` accepts (a new user's review:
+    the old advice, lower the per-query epsilon, could not help on a fixed-guarantee
+    ledger), and `check_release`'s dry run refuses where `release` does, recording nothing."""
+    import re
+    for spent in (0, 5):
+        with Ledger.in_memory(6.0, 1e-6, accountant, **fixed) as ledger:
+            if spent:
+                ledger.release(GS(0.3), inputs(spent), insecure_seed=0)
+            with pytest.raises(BudgetExceededError) as dry:
+                ledger.check_release(GS(0.3), inputs(400))
+            with pytest.raises(BudgetExceededError) as real:
+                ledger.release(GS(0.3), inputs(400), insecure_seed=0)
+            assert str(dry.value) == str(real.value) and len(ledger.entries()) == spent
+            m = int(re.search(r"at most (\d+)", str(real.value)).group(1))
+            assert ledger.fits(m, 0.3) and not ledger.fits(m + 1, 0.3)
+            assert "is spent" in str(real.value)
+            ledger.check_release(GS(0.3), inputs(m))          # the count it names fits
