@@ -31,6 +31,19 @@ def guarantee_line(n: int, mechanism: str, guarantee, extra: str = "",
             f"{guarantee.delta:.3g})-DP w.r.t. {guarantee.relation}")
 
 
+def charge_note(released) -> str | None:
+    """A line when the ledger charged more than the release's own guarantee (a ledger with
+    a fixed per-query guarantee charges every release that much: a new user's review saw
+    "each (0.5, 0)-DP" printed where the ledger recorded 1.0 per query)."""
+    g = released.guarantee
+    if (released.charged_epsilon, released.charged_delta) == (g.epsilon, g.delta):
+        return None
+    scope = "each query" if released.per_query else "the session"
+    return (f"the ledger charged {scope} ({released.charged_epsilon:.6g}, "
+            f"{released.charged_delta:.3g}): its fixed per-query guarantee, above this "
+            f"release's own")
+
+
 def ledger_line(ledger, named: bool) -> str:
     """The budget line of a release. A default ledger is not named: its file name is a
     keyed hash of the private dataset's hash, the same for every release from one dataset

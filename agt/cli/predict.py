@@ -17,7 +17,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from agt.cli.format import (add_release_options, guarantee_line, ledger_line,
+from agt.cli.format import (add_release_options, charge_note, guarantee_line, ledger_line,
                             mechanism_options, non_empty, positive_float, unit_float)
 from agt.cli.ledgers import (SpendGuard, default_ledger_unnamed, open_ledger,
                              write_after_spend)
@@ -93,6 +93,9 @@ def run(args) -> int:
     print(guarantee_line(released.n_queries, released.mechanism, released.guarantee,
                          " (INSECURE seeded noise)" if released.seeded else "",
                          released.per_query))
+    note = charge_note(released)
+    if note:
+        print(note)
     if answered < released.n_queries:
         print(f"answered {answered} of {released.n_queries} queries (the rest: no answer, -1)")
     print(summary)

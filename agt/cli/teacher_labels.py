@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agt.cli.format import (add_release_options, guarantee_line, ledger_line,
+from agt.cli.format import (add_release_options, charge_note, guarantee_line, ledger_line,
                             mechanism_options, non_empty, non_negative_int, positive_float,
                             unit_float)
 from agt.cli.ledgers import (SpendGuard, default_ledger_unnamed, open_ledger,
@@ -207,6 +207,9 @@ def run(args) -> int:
     print(guarantee_line(q, released.mechanism, g, f" from {n_teachers} teacher(s)"
                          + (" (INSECURE seeded noise)" if released.seeded else ""),
                          released.per_query))
+    note = charge_note(released)
+    if note:
+        print(note)
     print(summary)
     answered = labels >= 0
     if not answered.all():

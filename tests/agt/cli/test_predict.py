@@ -210,3 +210,20 @@ def test_the_output_cannot_be_the_ledger_or_an_input(setup, tmp_path, capsys, li
              tmp_path / "other.db", "--out", data_out)
     assert rc == 2 and "is the file given as --data" in capsys.readouterr().err
     assert not (tmp_path / "other.db").exists()
+
+
+def test_a_charge_above_the_releases_own_guarantee_is_said(setup, tmp_path, capsys):
+    """A ledger with a fixed per-query guarantee charges every release that much; a new
+    user's review saw "each (0.5, 0)-DP" printed where the ledger recorded 1.0 per query."""
+    d, bundle, _ = setup
+    db = tmp_path / "fixed.db"
+    base = ["predict", "--bounds", bundle, "--data", d / "q.npz", "--mechanism", "gs",
+            "--ledger", db]
+    assert run(*base, "--epsilon", "1.0", "--budget-epsilon", "1000", "--accountant", "best",
+               "--out", tmp_path / "a.csv") == 0
+    assert "the ledger charged" not in capsys.readouterr().out
+    assert run(*base, "--epsilon", "0.5", "--out", tmp_path / "b.csv") == 0
+    out = capsys.readouterr().out
+    assert "each (0.5, 0)-DP" in out and "the ledger charged each query (1, 0)" in out
+    with Ledger.open(db) as ledger:
+        assert all(e.epsilon == 1.0 for e in ledger.entries())
