@@ -43,7 +43,7 @@ def resolve_device(name: str | torch.device) -> torch.device:
     return torch.device(name)
 
 
-#: the backends whose float32 precision torch (>= 2.9) sets one by one; "ieee" everywhere
+#: the backends whose float32 precision torch sets one by one; "ieee" everywhere
 _PRECISION_BACKENDS = ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn",
                        "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
 _STRICT_LOCK = threading.Lock()
@@ -56,44 +56,25 @@ def _precision_switches() -> list:
     for path in _PRECISION_BACKENDS:
         obj = torch.backends
         for part in filter(None, path.split(".")):
-            obj = getattr(obj, part, None)
-        if obj is not None and hasattr(obj, "fp32_precision"):
-            found.append(obj)
+            obj = getattr(obj, part)
+        found.append(obj)
     return found
 
 
 def _save_switches() -> tuple:
+    # the per-backend API (torch is pinned at 2.13): the legacy getters raise once a user
+    # mixed the two APIs
     cudnn = torch.backends.cudnn
-    switches = _precision_switches()
-    if switches:     # the per-backend API: the legacy getters raise once it was used
-        precision = ("new", [(s, s.fp32_precision) for s in switches])
-    else:
-        precision = ("legacy", (torch.backends.cuda.matmul.allow_tf32, cudnn.allow_tf32,
-                                torch.get_float32_matmul_precision()))
-    return (precision, torch.are_deterministic_algorithms_enabled(),
+    return ([(s, s.fp32_precision) for s in _precision_switches()],
+            torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(), cudnn.benchmark,
             cudnn.deterministic)
 
 
-def _set_ieee() -> None:
-    switches = _precision_switches()
-    if switches:
-        for s in switches:
-            s.fp32_precision = "ieee"
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        torch.set_float32_matmul_precision("highest")
-
-
 def _restore_switches(saved: tuple) -> None:
-    (kind, values), deterministic, warn_only, benchmark, cudnn_deterministic = saved
-    if kind == "new":
-        for s, value in values:
-            s.fp32_precision = value
-    else:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = values[:2]
-        torch.set_float32_matmul_precision(values[2])
+    precisions, deterministic, warn_only, benchmark, cudnn_deterministic = saved
+    for s, value in precisions:
+        s.fp32_precision = value
     torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
     torch.backends.cudnn.benchmark = benchmark
     torch.backends.cudnn.deterministic = cudnn_deterministic
@@ -126,7 +107,8 @@ def strict_kernels(device: torch.device) -> Iterator[None]:
         if _strict_depth == 0:
             _strict_saved = _save_switches()
         _strict_depth += 1
-        _set_ieee()
+        for s in _precision_switches():
+            s.fp32_precision = "ieee"
         if torch.device(device).type != "cpu":
             torch.use_deterministic_algorithms(True)
             torch.backends.cudnn.benchmark = False

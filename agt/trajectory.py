@@ -109,8 +109,10 @@ class TrajectoryBounds:
         check_trajectory_bundle(bundle)
         if dataset.sha256() != bundle.dataset_sha256:
             raise DataError("this dataset is not the one the bundle was trained on (its "
-                            "sha256 differs from the bundle's dataset_sha256); pass the "
-                            "training data of the bundle")
+                            "sha256 differs from the bundle's dataset_sha256): pass the "
+                            "bundle's training data (agt certify --trajectory reloads the "
+                            "file its config names, relative to the working directory: has "
+                            "it changed since?)")
         cfg = config_from_dict(bundle.config)
         self.bundle_id = bundle.bundle_id
         self.spec = bundle.spec
@@ -171,11 +173,6 @@ class TrajectoryBounds:
                             f"bundle's config names (dataset '{data.name}', relative paths from "
                             f"{where}; agt train resolved them from its config's folder): "
                             f"{exc}") from None
-        if ds.sha256() != bundle.dataset_sha256:
-            raise DataError(f"the data the bundle's config names (dataset '{data.name}', "
-                            f"relative paths from {base_dir or 'the working directory'}) is "
-                            f"not the data the bundle was trained on (another sha256): the "
-                            f"file changed since, or another file of that name was found")
         return TrajectoryBounds(bundle, ds, progress=progress)
 
     # -- set-up -----------------------------------------------------------------------------

@@ -67,6 +67,23 @@ def assert_radius_releases_refuse(bundle, x, match: str) -> None:
     mechanisms.make_mechanism("gs", 1.0).check(inputs)
 
 
+def environ_after_importing_agt(name: str, preset: str | None = None) -> str | None:
+    """The value of environment variable `name` after a fresh `import agt` in a child
+    process whose environment has `name` unset, or set to `preset`."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != name}
+    if preset is not None:
+        env[name] = preset
+    code = f"import os, agt, torch; print(os.environ.get({name!r}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
 def with_train(ds: Dataset, x: np.ndarray, y: np.ndarray) -> Dataset:
     return Dataset(ds.name, np.ascontiguousarray(x), np.ascontiguousarray(y, dtype=np.int64),
                    ds.x_test, ds.y_test, ds.n_classes, dict(ds.meta))

@@ -29,8 +29,8 @@ def open_ledger(path_arg: str | None, dataset_sha256: str, budget_epsilon: float
     path = Path(path_arg) if path_arg else default_ledger_path(dataset_sha256)
     new = not path.exists() or (path.is_file() and path.stat().st_size == 0)
     if new and budget_epsilon is None:
-        name = path if path_arg else "this dataset's default ledger"   # (ledger_line: why)
-        raise PrivacyError(f"{name} is a new ledger: give {budget_flags}")
+        # (the callers' default_ledger_unnamed calls a default ledger by that name)
+        raise PrivacyError(f"{path} is a new ledger: give {budget_flags}")
     fixed = {}
     if new and (accountant or "standard") != "standard":
         fixed = {"per_query_epsilon": per_query[0], "per_query_delta": per_query[1]}

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -18,7 +15,7 @@ from agt.certify import Certifier
 from agt.store import from_result
 from agt.tensors import strict_kernels
 from agt.training import train
-from tests.helpers import LOGISTIC, blobs, config
+from tests.helpers import LOGISTIC, blobs, config, environ_after_importing_agt
 
 
 PRECISIONS = (torch.backends, torch.backends.cuda.matmul, torch.backends.cudnn.conv,
@@ -150,10 +147,5 @@ def test_strict_kernels_work_after_the_legacy_precision_api():
 def test_importing_agt_sets_a_cublas_workspace_unless_the_user_did():
     """Deterministic cuBLAS needs CUBLAS_WORKSPACE_CONFIG before cuBLAS starts; agt is
     imported before any CUDA work, so it sets the documented value, and a user's wins."""
-    code = "import os, agt; print(os.environ.get('CUBLAS_WORKSPACE_CONFIG'))"
-    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
-    for extra, expected in (({}, ":4096:8"), ({"CUBLAS_WORKSPACE_CONFIG": ":16:8"}, ":16:8")):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env={**env, **extra}, timeout=120)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.strip().splitlines()[-1] == expected
+    assert environ_after_importing_agt("CUBLAS_WORKSPACE_CONFIG") == ":4096:8"
+    assert environ_after_importing_agt("CUBLAS_WORKSPACE_CONFIG", ":16:8") == ":16:8"

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from agt.errors import ConfigError
 from agt.threads import (env_threads, requested_threads, resolve_threads, using_threads,
                          worker_environment)
+from tests.helpers import environ_after_importing_agt
 
 
 def test_explicit_count_wins_over_environment_and_default():
@@ -67,13 +66,5 @@ def test_importing_agt_first_sets_a_passive_wait_policy():
     """OpenMP reads OMP_WAIT_POLICY once, when torch loads it, so agt (whose import loads
     torch) sets it before: a spinning policy made the Blobs ensembles study 4x slower next to
     busy processes. A user's policy wins; the command line imports agt first."""
-    import subprocess
-    import sys
-
-    code = "import os, agt, torch; print(os.environ.get('OMP_WAIT_POLICY'))"
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    for extra, expected in (({}, "PASSIVE"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE")):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env={**env, **extra}, timeout=120)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.strip().splitlines()[-1] == expected
+    assert environ_after_importing_agt("OMP_WAIT_POLICY") == "PASSIVE"
+    assert environ_after_importing_agt("OMP_WAIT_POLICY", "ACTIVE") == "ACTIVE"
