@@ -24,7 +24,8 @@ the count vector has L1 sensitivity 2)
   mechanisms with data-independent weights is eps-DP. The exact law is
   `lnmax_probabilities` (closed forms for the noise tails, a direct sum in between).
 * ens-ss-laplace / ens-ss-cauchy (AGT Cor 5.2 + Thm 5.3, binary): the smooth-sensitivity
-  release of smooth.py on the ensemble answer with the ensemble radius.
+  release of smooth.py on the ensemble answer with the ensemble radius (min-cost by
+  default, `radius_rule="thm5.3"` for the paper's, m - 1 smaller; votes.py).
 * ens-ptr / ens-ptr-votes (propose-test-release; Dwork-Lei 2009, Thakurta-Smith 2013): s = the
   min-cost radius (with AGT radii) or m - 1 (votes only), both of sensitivity 1 with s >= 1
   implying every neighbour gives the same answer. Release w if s + Laplace(1/eps) >
@@ -220,7 +221,7 @@ class SmoothEnsemble(Mechanism):
     epsilon: float
     delta: float | None = None
     noise: str = "cauchy"
-    radius_rule: str = "thm5.3"
+    radius_rule: str = "tight"
 
     input_type = Votes
     uses_radii = True

@@ -117,7 +117,8 @@ def add_mechanism_options(p, ensembles: bool) -> None:
                    help="svt / ens-svt: the answer of an unstable query (default exp-radius)")
     if ensembles:
         p.add_argument("--radius-rule", choices=("thm5.3", "tight"),
-                       help="ens-ss-*: ensemble radius, AGT Thm 5.3 (default) or min-cost")
+                       help="ens-ss-*: ensemble radius, min-cost (default) or AGT Thm 5.3 "
+                            "(the paper's, m - 1 smaller)")
 
 
 def mechanism_options(args) -> dict:

@@ -142,7 +142,7 @@ def test_certifier_aggregates_teacher_certificates(ensemble, certificate, data):
     assert np.array_equal(votes_only.teacher_predictions, c.teacher_predictions)
     answer = me.aggregate(c.teacher_predictions)
     assert (answer == data.y_test).mean() > 0.8
-    radius = me.ensemble_radius(c.teacher_predictions, c.teacher_radii)
+    radius = me.ensemble_radius(c.teacher_predictions, c.teacher_radii, "thm5.3")
     assert radius.max() > 20                        # sums over several teachers exceed K
 
 
@@ -172,7 +172,7 @@ def test_neighbour_touches_one_teacher_and_radii_drop_by_at_most_one(data, ensem
     others = [t for t in range(T) if t != touched]
     assert np.array_equal(c1.teacher_radii[:, others], c2.teacher_radii[:, others])
     assert np.abs(c1.teacher_radii - c2.teacher_radii).max() <= 1
-    for f in (lambda c: me.ensemble_radius(c.teacher_predictions, c.teacher_radii),
+    for f in (lambda c: me.ensemble_radius(c.teacher_predictions, c.teacher_radii, "thm5.3"),
               lambda c: me.ensemble_radius(c.teacher_predictions, c.teacher_radii, "tight"),
               lambda c: me.ptr_distance(c.teacher_predictions)):
         a, b = f(c1), f(c2)

@@ -115,7 +115,7 @@ def test_radius_vectorised_over_queries_matches_per_query():
         single = [me.ensemble_radius(votes[i:i + 1], radii[i:i + 1], rule)[0] for i in range(500)]
         assert np.array_equal(batch, single)
     assert np.array_equal(me.ensemble_radius(votes, radii, "tight"),
-                          me.ensemble_radius(votes, radii) + me.flips_needed(votes) - 1)
+                          me.ensemble_radius(votes, radii, "thm5.3") + me.flips_needed(votes) - 1)
 
 
 def test_winners_only_rule():
@@ -123,15 +123,16 @@ def test_winners_only_rule():
     votes = np.array([[1, 1, 1, 0, 0]])
     radii = np.array([[5, 6, 7, 0, 0]])
     assert me.flips_needed(votes)[0] == 1
-    assert me.ensemble_radius(votes, radii)[0] == 5
+    assert me.ensemble_radius(votes, radii, "thm5.3")[0] == 5
     assert me.ensemble_radius(votes, radii, "tight")[0] == 5
     votes = np.array([[0, 1, 0, 1, 0, 0, 1]])           # winner 0 by 4 to 3
     radii = np.array([[9, 0, 4, 1, 2, 8, 0]])
-    assert me.ensemble_radius(votes, radii)[0] == 2      # m = 1: smallest 0-voter radius
+    assert me.ensemble_radius(votes, radii, "thm5.3")[0] == 2      # m = 1: smallest 0-voter radius
     votes = np.array([[1, 1, 1, 1, 1, 0, 0]])           # m = 2
     radii = np.array([[3, 9, 1, 7, 2, 0, 0]])
-    assert me.ensemble_radius(votes, radii)[0] == 3      # 1 + 2
+    assert me.ensemble_radius(votes, radii, "thm5.3")[0] == 3      # 1 + 2
     assert me.ensemble_radius(votes, radii, "tight")[0] == 4
+    assert me.ensemble_radius(votes, radii)[0] == 4      # the default is the min-cost radius
 
 
 def test_tie_rule():
@@ -141,12 +142,12 @@ def test_tie_rule():
     radii = np.array([[3, 4, 1, 2], [0, 6, 0, 5]])
     assert list(me.aggregate(votes)) == [0, 0]
     assert list(me.flips_needed(votes)) == [1, 1]
-    assert list(me.ensemble_radius(votes, radii)) == [3, 5]
+    assert list(me.ensemble_radius(votes, radii, "thm5.3")) == [3, 5]
     assert list(me.ptr_distance(votes)) == [0, 0]
     assert list(me.ptr_distance(votes, radii)) == [3, 5]
     # one vote away from the tie, towards 1: the answer flips with one 1-voter
     assert me.aggregate(np.array([[0, 1, 1, 1]]))[0] == 1
-    assert me.ensemble_radius(np.array([[0, 1, 1, 1]]), np.array([[0, 2, 5, 9]]))[0] == 2
+    assert me.ensemble_radius(np.array([[0, 1, 1, 1]]), np.array([[0, 2, 5, 9]]), "thm5.3")[0] == 2
 
 
 def test_ptr_distance_vote_flips_minus_one():
@@ -187,7 +188,8 @@ def test_radii_are_one_lipschitz_on_neighbours(pair):
         assert abs(int(a) - int(b)) <= 1
     # and the ensemble radius is a stability distance: no answer change unless it is 0
     if me.aggregate(v)[0] != me.aggregate(v2)[0]:
-        assert me.ensemble_radius(v, r)[0] == 0 and me.ptr_distance(v, r)[0] == 0
+        assert me.ensemble_radius(v, r, "thm5.3")[0] == 0
+        assert me.ensemble_radius(v, r, "tight")[0] == 0 and me.ptr_distance(v, r)[0] == 0
 
 
 def test_sum_over_all_voters_would_not_be_lipschitz():
@@ -199,7 +201,8 @@ def test_sum_over_all_voters_would_not_be_lipschitz():
     v, r = np.array([[1, 1, 1, 1, 0]]), np.array([[0, 7, 7, 7, 5]])
     v2 = np.array([[0, 1, 1, 1, 0]])                    # teacher 0 (radius 0) flips
     assert all_voters(v, r) == 5 and all_voters(v2, r) == 0
-    assert me.ensemble_radius(v, r)[0] == 7 and me.ensemble_radius(v2, r)[0] == 7
+    assert me.ensemble_radius(v, r, "thm5.3")[0] == 7
+    assert me.ensemble_radius(v2, r, "thm5.3")[0] == 7
 
 
 # -- noisy argmax (PATE-style, global sensitivity) ---------------------------------------
@@ -353,8 +356,9 @@ def test_ss_ensemble_uses_the_ensemble_radius():
     inputs = Votes(np.array([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]),
                    np.array([[10, 20, 30, 0, 0], [1, 2, 3, 4, 5]]), 2, SOURCE)
     y = np.array([1, 0])
-    for rule, radii in (("thm5.3", [10, 6]), ("tight", [10, 8])):
-        mech = make_mechanism("ens-ss-cauchy", 1.0, radius_rule=rule)
+    for rule, radii in (("thm5.3", [10, 6]), ("tight", [10, 8]), (None, [10, 8])):
+        options = {} if rule is None else {"radius_rule": rule}     # default: min-cost
+        mech = make_mechanism("ens-ss-cauchy", 1.0, **options)
         assert 1 - mech.correct_probability(inputs, y) == pytest.approx(
             flip_probability_ss(1.0, None, radii, "cauchy"))
 
