@@ -248,7 +248,7 @@ class SmoothEnsemble(Mechanism):
                 self.radius_rule == "thm5.3" else "min-cost: cheapest vote changes, minus 1")
         g = self._inner.guarantee(relation)
         return Guarantee(g.epsilon, g.delta, relation, self.name,
-                         f"ensemble radius ({rule}; AGT Thm 5.3); "
+                         f"ensemble radius ({rule}; AGT Sec. 5.2); "
                          f"{smooth_note(self.epsilon, self.delta, self.noise)}")
 
     def radius(self, inputs: Votes) -> NDArray[np.int64]:

@@ -162,16 +162,16 @@ def test_ptr_distance_vote_flips_minus_one():
 @st.composite
 def neighbours(draw):
     """An ensemble state (votes, radii) and a neighbour's: one teacher t changes, its radius
-    by at most 1, its vote only where both radii are 0 (a radius >= 1 certifies the vote at
-    distance 1, in both directions)."""
+    by at most 1, its vote only where both radii are <= 0 (a radius >= 1 certifies the vote
+    at distance 1, in both directions; -1: not even k = 0 certifies)."""
     T = draw(st.integers(1, 9))
     votes = np.asarray(draw(st.lists(st.integers(0, 1), min_size=T, max_size=T)))
-    radii = np.asarray(draw(st.lists(st.integers(0, 12), min_size=T, max_size=T)))
+    radii = np.asarray(draw(st.lists(st.integers(-1, 12), min_size=T, max_size=T)))
     t = draw(st.integers(0, T - 1))
     v2, r2 = votes.copy(), radii.copy()
-    r2[t] = max(0, radii[t] + draw(st.sampled_from([-1, 0, 1])))
-    if radii[t] == 0 and draw(st.booleans()):
-        r2[t] = 0
+    r2[t] = max(-1, radii[t] + draw(st.sampled_from([-1, 0, 1])))
+    if radii[t] <= 0 and draw(st.booleans()):
+        r2[t] = draw(st.sampled_from([r for r in (-1, 0) if abs(r - radii[t]) <= 1]))
         v2[t] = 1 - votes[t]
     return votes[None], radii[None], v2[None], r2[None]
 
