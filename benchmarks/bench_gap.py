@@ -23,8 +23,8 @@ changes that change it). Each such flip is rebuilt as one neighbour of the whole
 set (the teachers' poisoned parts merged back), the changed teachers are retrained from it
 and the ensemble's answer is checked to change: every reported ensemble flip is a real
 neighbour. A query where fewer than m of those teachers flip within the grid has no ceiling
-(inf; counted as not flipped). The certified radius is the benchmark's (Thm 5.3); the row also gives the
-min-cost ("tight") radius of the same teacher certificates.
+(inf; counted as not flipped). The certified radius is the benchmark's (Thm 5.3); the row
+also gives the min-cost ("tight") radius of the same teacher certificates.
 
     python benchmarks/bench_gap.py [--tasks a,b] [--methods interval,stability-ball]
                                    [--queries 100] [--max-k K] [--json FILE]
@@ -57,13 +57,13 @@ from agt.errors import ConfigError, DataError  # noqa: E402
 from agt.store import from_result  # noqa: E402
 from agt.tensors import predicted_classes, torch_dtype  # noqa: E402
 from agt.training import train, train_nominal  # noqa: E402
-from mechanisms.votes import aggregate, ensemble_radius, flips_needed  # noqa: E402
 from agt.trajectory import TrajectoryBounds  # noqa: E402
 from bench_tightness import _ratio, domain_of, task_setup, with_method  # noqa: E402
+from mechanisms.votes import aggregate, ensemble_radius, flips_needed  # noqa: E402
 
-TASKS = ("ensemble_t25", "imdb_head_fine", "digits10_linear", "digits10_gd", "digits10_gd_centred",
-         "digits_bin_mb_linear", "digits10_sgd_centred", "blobs_mlp", "digits_bin_mb",
-         "digits10_mlp")
+TASKS = ("ensemble_t25", "imdb_head_fine", "digits10_linear", "digits10_gd",
+         "digits10_gd_centred", "digits_bin_mb_linear", "digits10_sgd_centred", "blobs_mlp",
+         "digits_bin_mb", "digits10_mlp")
 
 
 def _merged_neighbour(cfg, ds, n_teachers: int, xq, plan: dict[int, int], top: int):
