@@ -9,6 +9,11 @@ from typing import Iterator
 from agt.errors import AGTError, ConfigError, PrivacyError
 
 
+def is_new_ledger(path: Path) -> bool:
+    """A missing or empty file: opening it creates a ledger with the settings given."""
+    return not path.exists() or (path.is_file() and path.stat().st_size == 0)
+
+
 def open_ledger(path_arg: str | None, dataset_sha256: str, budget_epsilon: float | None,
                 budget_delta: float | None, accountant: str | None, relation: str | None,
                 per_query: tuple[float, float], budget_flags: str, release=None):
@@ -27,7 +32,7 @@ def open_ledger(path_arg: str | None, dataset_sha256: str, budget_epsilon: float
     from mechanisms import Ledger, default_ledger_path
 
     path = Path(path_arg) if path_arg else default_ledger_path(dataset_sha256)
-    new = not path.exists() or (path.is_file() and path.stat().st_size == 0)
+    new = is_new_ledger(path)
     if new and budget_epsilon is None:
         # (the callers' default_ledger_unnamed calls a default ledger by that name)
         raise PrivacyError(f"{path} is a new ledger: give {budget_flags}")

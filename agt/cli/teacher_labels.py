@@ -21,7 +21,7 @@ import numpy as np
 from agt.cli.format import (add_release_options, charge_note, guarantee_line, ledger_line,
                             mechanism_options, non_empty, non_negative_int, positive_float,
                             unit_float)
-from agt.cli.ledgers import (SpendGuard, default_ledger_unnamed, open_ledger,
+from agt.cli.ledgers import (SpendGuard, default_ledger_unnamed, is_new_ledger, open_ledger,
                              write_after_spend)
 from agt.errors import ConfigError, PrivacyError
 
@@ -155,8 +155,7 @@ def run(args) -> int:
 
     path = Path(args.ledger) if args.ledger else default_ledger_path(dataset)
     with default_ledger_unnamed(None if args.ledger else path):
-        new = not path.exists() or (path.is_file() and path.stat().st_size == 0)
-        if new:
+        if is_new_ledger(path):
             accountant = args.accountant or ("best" if probe.per_query else "standard")
             eps_q, delta_q = plan_queries(args.epsilon_total, args.delta_total, q,
                                           entry.needs_delta, accountant, args.per_query_delta,

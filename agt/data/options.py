@@ -29,8 +29,8 @@ class Options:
         if options is None:
             options = {}
         if not isinstance(options, Mapping):
-            self.problems.add(f"the options of dataset '{loader}' (keys beside data.name) must be a mapping, got "
-                              f"{type(options).__name__}")
+            self.problems.add(f"the options of dataset '{loader}' (keys beside data.name) must "
+                              f"be a mapping, got {type(options).__name__}")
             options = {}
         for key in options:
             if key not in allowed:
@@ -159,7 +159,7 @@ class NpzArchive:
                                 f"one)") from None
             raise DataError(f"cannot read {self.path} as a numpy .npz archive (it holds "
                             f"object arrays, which are not read)") from None
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        except (OSError, zipfile.BadZipFile, EOFError) as exc:
             raise DataError(f"cannot read {self.path} as a numpy .npz archive: {exc}") from None
         if not isinstance(obj, np.lib.npyio.NpzFile):
             raise DataError(
@@ -183,7 +183,7 @@ class NpzArchive:
                 f"{self.path} has no array '{key}'; keys present: {', '.join(self.keys) or 'none'}")
         try:
             return self.npz[key]
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        except (OSError, zipfile.BadZipFile, EOFError) as exc:
             raise DataError(f"cannot read array '{key}' from {self.path}: {exc}") from None
 
 
