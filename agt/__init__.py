@@ -36,20 +36,24 @@ if "torch" not in _sys.modules:
 # from the environment; a user's setting wins. Nothing reads it on CPU.
 _os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-from agt.version import __version__  # noqa: E402,F401
-
 from agt.certify import Certificate, Certifier  # noqa: E402
 from agt.config import TrainConfig, config_from_dict, load_config  # noqa: E402
 from agt.data import Dataset, load_dataset  # noqa: E402
-from agt.ensemble import (Ensemble, EnsembleCertificate, EnsembleCertifier,  # noqa: E402
-                          read_ensemble, write_ensemble)
-from agt.ensemble import train_ensemble  # noqa: E402
+from agt.ensemble import (  # noqa: E402
+    Ensemble,
+    EnsembleCertificate,
+    EnsembleCertifier,
+    read_ensemble,
+    train_ensemble,  # noqa: E402
+    write_ensemble,
+)
 from agt.errors import AGTError  # noqa: E402
 from agt.kgrid import KGrid  # noqa: E402
 from agt.models import ModelSpec  # noqa: E402
 from agt.store import Bundle, read_bundle, write_bundle  # noqa: E402
 from agt.training import TrainResult  # noqa: E402
 from agt.training import train as train_result  # noqa: E402
+from agt.version import __version__  # noqa: E402,F401
 
 
 def train(config: TrainConfig, dataset: Dataset, *, progress: bool = False) -> Bundle:

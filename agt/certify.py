@@ -33,11 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from agt import interval as iv
 from agt.bounded.layers import rule_for
 from agt.bounded.network import Network
 from agt.errors import BundleError, DataError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
-from agt import interval as iv
 from agt.stability import parameter_norm
 from agt.store import Bundle
 from agt.tensors import overflow_limit, predicted_classes, strict_kernels, torch_dtype

@@ -41,13 +41,18 @@ import h5py
 import numpy as np
 import torch
 
-from agt.version import __version__
-from agt.config import (BOUND_METHODS, GRADED_SINCE, SMOOTH_BOUND_METHODS,
-                        SMOOTH_PLACEMENTS, SMOOTH_SELECTIONS)
+from agt.config import (
+    BOUND_METHODS,
+    GRADED_SINCE,
+    SMOOTH_BOUND_METHODS,
+    SMOOTH_PLACEMENTS,
+    SMOOTH_SELECTIONS,
+)
 from agt.errors import BundleError, ConfigError
 from agt.io import atomic_write
 from agt.kgrid import KGrid
 from agt.models import ModelSpec
+from agt.version import __version__
 
 FORMAT = "agt-bounds"
 FORMAT_VERSION = 2

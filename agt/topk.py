@@ -71,7 +71,8 @@ import numpy as np
 import torch
 
 from agt.errors import SoundnessError
-from agt.interval import BOUND_DTYPE, FloatModel, Interval, gamma as gamma_n
+from agt.interval import BOUND_DTYPE, FloatModel, Interval
+from agt.interval import gamma as gamma_n
 
 _U64 = 2.0**-53
 SUM_BLOCK = 16

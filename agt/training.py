@@ -80,11 +80,15 @@ from agt.interval import BOUND_DTYPE, FloatModel, Interval, nested_along_first
 from agt.models import ModelSpec, infer_shapes, init_params
 from agt.optim import UpdateRule, round_to
 from agt.placement import EpochBudgetBoxes
-from agt.stability import (StabilityProblem, StabilityStep, ball_boxes, check_domain,
-                           parameter_norm)
+from agt.stability import StabilityProblem, StabilityStep, ball_boxes, check_domain, parameter_norm
 from agt.tensors import overflow_limit, resolve_device, strict_kernels, torch_dtype
-from agt.topk import (DescentAccumulator, ThresholdAccumulator, clamp_limit, nesting_allowance,
-                      order_statistics)
+from agt.topk import (
+    DescentAccumulator,
+    ThresholdAccumulator,
+    clamp_limit,
+    nesting_allowance,
+    order_statistics,
+)
 
 # Memory budgets (elements of float64 temporaries per chunk; bytes of top-k buffers).
 WORK_ELEMENTS = 1 << 21

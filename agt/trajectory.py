@@ -65,7 +65,8 @@ from agt.bounded.network import Network
 from agt.config import config_from_dict
 from agt.data import Dataset
 from agt.errors import BundleError, ConfigError, DataError
-from agt.interval import BOUND_DTYPE, FloatModel, Interval, gamma as gamma_n
+from agt.interval import BOUND_DTYPE, FloatModel, Interval
+from agt.interval import gamma as gamma_n
 from agt.optim import _N_OPS, UpdateRule
 from agt.store import Bundle
 from agt.tensors import torch_dtype

@@ -98,7 +98,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agt.bounded.losses import transcendental_slack, softmax_bounds
+from agt.bounded.losses import softmax_bounds, transcendental_slack
 from agt.errors import ConfigError, DataError, SoundnessError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval, gamma
 

@@ -52,7 +52,6 @@ from agt.training import train  # noqa: E402
 from benchmarks._common import peak_rss_mb  # noqa: E402
 from mechanisms.votes import aggregate, ensemble_radius, flips_needed  # noqa: E402
 
-
 # ------------------------------------------------------------------------------------------
 # Scale-out
 

@@ -47,6 +47,8 @@ import torch
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
+from bench_tightness import _ratio, domain_of, task_setup, with_method  # noqa: E402
+
 from agt.attack import flip_radius, poisoned_dataset  # noqa: E402
 from agt.bounded.network import Network  # noqa: E402
 from agt.certify import Certifier  # noqa: E402
@@ -58,7 +60,6 @@ from agt.store import from_result  # noqa: E402
 from agt.tensors import predicted_classes, torch_dtype  # noqa: E402
 from agt.training import train, train_nominal  # noqa: E402
 from agt.trajectory import TrajectoryBounds  # noqa: E402
-from bench_tightness import _ratio, domain_of, task_setup, with_method  # noqa: E402
 from mechanisms.votes import aggregate, ensemble_radius, flips_needed  # noqa: E402
 
 TASKS = ("ensemble_t25", "imdb_head_fine", "digits10_linear", "digits10_gd",

@@ -24,6 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_tightness import task_setup  # noqa: E402
+
 import agt.bounded.losses as losses_mod  # noqa: E402
 import agt.interval as iv  # noqa: E402
 import agt.training as training_mod  # noqa: E402
@@ -31,7 +33,6 @@ from agt.certify import Certifier  # noqa: E402
 from agt.config import load_config  # noqa: E402
 from agt.data import load_dataset  # noqa: E402
 from agt.store import from_result  # noqa: E402
-from bench_tightness import task_setup  # noqa: E402
 
 TASKS = ("blobs", "blobs_mlp", "blobs_mlp_mb1", "digits10_linear", "digits_bin_mb", "imdb_head")
 

@@ -68,9 +68,9 @@ import torch
 
 sys.path.insert(0, ".")
 from agt.certify import Certifier  # noqa: E402
-from agt.errors import ConfigError, DataError  # noqa: E402
 from agt.config import config_from_dict, load_config  # noqa: E402
 from agt.data import Dataset, load_dataset  # noqa: E402
+from agt.errors import ConfigError, DataError  # noqa: E402
 from agt.store import from_result  # noqa: E402
 from agt.training import train  # noqa: E402
 from agt.trajectory import TrajectoryBounds  # noqa: E402

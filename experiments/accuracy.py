@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mechanisms import Ledger, Mechanism, REPLACE_ONE
+from mechanisms import REPLACE_ONE, Ledger, Mechanism
 from mechanisms.accounting import standard_composition
 
 RELATION = REPLACE_ONE

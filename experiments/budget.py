@@ -28,13 +28,12 @@ import time
 
 import numpy as np
 
-from mechanisms.accounting import per_query_epsilon
-
 from experiments.accuracy import RELATION, expected_accuracy, mean_std, simulate
 from experiments.context import Context, Outcome, markdown_table, pm
 from experiments.ensembles import ensemble_mechanism
 from experiments.plotting import plt, save, style
 from experiments.single import single_mechanism
+from mechanisms.accounting import per_query_epsilon
 
 NAME = "budget"
 CURVES = ("single-gs", "single-ss-cauchy", "single-ss-laplace", "single-exp-radius",

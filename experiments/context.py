@@ -26,21 +26,20 @@ from typing import Any, Iterable
 import numpy as np
 from tqdm.auto import tqdm
 
-from agt.version import __version__
 from agt.certify import Certificate, Certifier
-from agt.io import atomic_write
 from agt.ensemble import Ensemble, EnsembleCertificate, EnsembleCertifier, train_ensemble
+from agt.io import atomic_write
 from agt.store import Bundle, from_result
 from agt.training import train
+from agt.version import __version__
+from experiments.accuracy import RELATION
 from mechanisms import ADD_REMOVE, Certified, Guarantee, Votes
 from mechanisms.ensemble import aggregate
 
-from experiments.accuracy import RELATION
-
 ENSEMBLE_SEED_STRIDE = 10_007     # > any ensemble size: teacher seeds never repeat across runs
 
-from experiments.plan import Plan, display_path
 from experiments.pipelines import Prepared, prepare
+from experiments.plan import Plan, display_path
 
 
 @dataclass

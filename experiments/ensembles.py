@@ -17,12 +17,11 @@ import time
 
 import numpy as np
 
-from mechanisms import MECHANISMS, make_mechanism
-from mechanisms.ensemble import ensemble_radius, flips_needed
-
 from experiments.accuracy import evaluate_seeds, mean_std
 from experiments.context import Context, Outcome, markdown_table, pm
 from experiments.plotting import label, plt, save, style
+from mechanisms import MECHANISMS, make_mechanism
+from mechanisms.ensemble import ensemble_radius, flips_needed
 
 NAME = "ensembles"
 

@@ -20,11 +20,10 @@ from agt.config import load_config
 from agt.data import blobs_features, load_dataset
 from agt.store import from_result
 from agt.training import train
-from mechanisms.smooth import smooth_beta, smooth_bound
-
 from experiments.context import Context, Outcome, markdown_table
 from experiments.plan import display_path
 from experiments.plotting import plt, save
+from mechanisms.smooth import smooth_beta, smooth_bound
 
 NAME = "heatmap"
 CLASS_COLORS = ("#3b8bff", "#6fe36f")

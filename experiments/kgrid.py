@@ -29,14 +29,12 @@ import numpy as np
 
 from agt.certify import Certifier
 from agt.store import Bundle
-from mechanisms.smooth import smooth_beta, smooth_bound
-
-from mechanisms import Certified
-
 from experiments.accuracy import expected_accuracy
-from experiments.single import single_mechanism
 from experiments.context import Context, Outcome, markdown_table
 from experiments.plotting import plt, save
+from experiments.single import single_mechanism
+from mechanisms import Certified
+from mechanisms.smooth import smooth_beta, smooth_bound
 
 NAME = "kgrid"
 FAMILIES = ("contiguous", "linear", "geometric", "linear-value")

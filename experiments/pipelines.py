@@ -35,7 +35,6 @@ from agt.errors import DataError
 from agt.io import atomic_write
 from agt.models import init_params
 from agt.tensors import predicted_classes
-
 from experiments.plan import Plan, display_path
 
 PRETRAINED_NAME = "octmnist_pretrained.pt"

@@ -14,7 +14,6 @@ from tqdm.auto import tqdm
 
 from agt.errors import ConfigError, WorkerError
 from agt.threads import available_cores, requested_threads, set_threads, using_threads
-
 from experiments import budget, ensembles, heatmap, kgrid, single, teacher
 from experiments.context import Context, Outcome, markdown_table
 from experiments.plan import default_plan_path, load_plan

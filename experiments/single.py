@@ -21,11 +21,10 @@ import time
 
 import numpy as np
 
-from mechanisms import MECHANISMS, make_mechanism
-
 from experiments.accuracy import RELATION, evaluate_seeds, expected_accuracy, mean_std
 from experiments.context import Context, Outcome, markdown_table, pm
 from experiments.plotting import label, plt, save, style
+from mechanisms import MECHANISMS, make_mechanism
 
 NAME = "single"
 

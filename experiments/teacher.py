@@ -24,13 +24,12 @@ import numpy as np
 from agt.baselines.dpsgd import evaluate
 from agt.errors import ConfigError
 from agt.student import train_student
-from mechanisms.accounting import per_query_epsilon
-
 from experiments.accuracy import expected_accuracy, mean_std, simulate
 from experiments.context import Context, Outcome, markdown_table, pm
 from experiments.ensembles import ensemble_mechanism
-from experiments.single import single_mechanism
 from experiments.plotting import plt, save, style
+from experiments.single import single_mechanism
+from mechanisms.accounting import per_query_epsilon
 
 NAME = "teacher"
 ROWS = ("single-gs", "single-ss", "single-exp", "single-svt", "sa-gs", "sa-ss", "sa-exp",

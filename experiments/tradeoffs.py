@@ -66,7 +66,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from agt.baselines.convex import accuracy as convex_accuracy, fit_logistic
+from agt.baselines.convex import accuracy as convex_accuracy
+from agt.baselines.convex import fit_logistic
 from agt.baselines.loss_perturbation import PerturbedSolver
 from agt.baselines.unit_ball import UnitBallMap, pca_basis
 from agt.certify import Certifier
@@ -79,17 +80,16 @@ from agt.io import atomic_write
 from agt.store import from_result
 from agt.training import train
 from agt.version import __version__
-from mechanisms import MECHANISMS, Certified, Source, Votes, make_mechanism
-from mechanisms.accounting import plan_queries
-from mechanisms.convex import LinearModel
-from mechanisms.loss_perturbation import PerturbedObjective
-from mechanisms.votes import aggregate
-
 from experiments.accuracy import RELATION, simulate
 from experiments.context import dumps, markdown_table, to_jsonable
 from experiments.plan import PLAN_DIR, build_settings, display_path
 from experiments.plotting import plt, save
 from experiments.public_tuning import PublicShape, choose, grid, surrogate_like
+from mechanisms import MECHANISMS, Certified, Source, Votes, make_mechanism
+from mechanisms.accounting import plan_queries
+from mechanisms.convex import LinearModel
+from mechanisms.loss_perturbation import PerturbedObjective
+from mechanisms.votes import aggregate
 
 NAME = "tradeoffs"
 TRAINING = ("model-sens", "model-sens-gauss", "loss-pert", "loss-pert-gauss", "dp-sgd")
@@ -402,7 +402,6 @@ class Study:
                "agt": agt.as_dict(), "agt_params": {**self.s.agt, **agt.chosen}}
         if self.s.dpsgd:
             from agt.baselines.dpsgd import DPSGDConfig, train_dpsgd
-
             from experiments.context import add_remove_target
             eps_a, delta_a = add_remove_target(self.s.epsilon, self.s.delta)
 
@@ -462,7 +461,6 @@ class Study:
         if delta == 0 or not self.s.dpsgd:
             return None
         from agt.baselines.dpsgd import DPSGDConfig, train_dpsgd
-
         from experiments.context import add_remove_target
 
         key = (task, n, float(eps), float(delta))

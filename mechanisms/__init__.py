@@ -24,8 +24,8 @@ Every epsilon is with respect to a neighbouring relation; a ledger composes only
 under its own relation (converting add-remove ones to replace-one by group privacy).
 """
 
+from mechanisms import convex, ensemble, global_sens, loss_perturbation, radius, smooth  # noqa: F401,E501  (registers)
 from mechanisms.base import MECHANISMS, REFUSED, Mechanism, make_mechanism, mechanism_names
-from mechanisms import global_sens, smooth, ensemble, radius, convex, loss_perturbation  # noqa: F401,E501  (registers)
 from mechanisms.guarantee import ADD_REMOVE, RELATIONS, REPLACE_ONE, Guarantee
 from mechanisms.inputs import Certified, Source, Votes
 from mechanisms.ledger import Ledger, LedgerEntry, Release, default_ledger_path, hash_query

@@ -54,9 +54,9 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Literal
 
 from agt.errors import BudgetExceededError, PrivacyError
-
 from mechanisms.checks import check_count, check_delta, check_epsilon, privacy_problems
-from mechanisms.rounding import float_down as _float_down, float_up as _float_up
+from mechanisms.rounding import float_down as _float_down
+from mechanisms.rounding import float_up as _float_up
 
 if TYPE_CHECKING:      # annotations only: the exact checks import it when they run
     import mpmath

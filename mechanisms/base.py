@@ -30,11 +30,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from agt.errors import ConfigError, DataError, PrivacyError, Problems
-
 from mechanisms.guarantee import RELATIONS, Guarantee, check_relation
 from mechanisms.inputs import Certified, Votes
 from mechanisms.noise import REFUSED
-
 
 __all__ = ["Mechanism", "REFUSED", "MECHANISMS", "Entry", "register", "make_mechanism",
            "mechanism_names"]

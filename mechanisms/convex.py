@@ -46,7 +46,6 @@ from numpy.typing import NDArray
 from scipy.special import log_ndtr, ndtr
 
 from agt.errors import DataError, PrivacyError, Problems
-
 from mechanisms.base import Mechanism, register
 from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
 from mechanisms.guarantee import REPLACE_ONE, Guarantee

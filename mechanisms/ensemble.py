@@ -69,13 +69,29 @@ from mechanisms.checks import check_params, privacy_problems
 from mechanisms.exact import discrete_laplace, exponential_choice
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Votes
-from mechanisms.noise import (correct_from_flip, discrete_laplace_cdf, discrete_laplace_pmf,
-                              flip_probability, laplace_flip_probability, laplace_scale_up,
-                              ptr_draw, ptr_release_probability, ptr_threshold, threshold_draw)
+from mechanisms.noise import (
+    correct_from_flip,
+    discrete_laplace_cdf,
+    discrete_laplace_pmf,
+    flip_probability,
+    laplace_flip_probability,
+    laplace_scale_up,
+    ptr_draw,
+    ptr_release_probability,
+    ptr_threshold,
+    threshold_draw,
+)
 from mechanisms.rounding import float_down
 from mechanisms.smooth import SmoothSensitivity, smooth_note
-from mechanisms.votes import (RADIUS_RULES, aggregate, counts_of, ensemble_radius,
-                              flips_needed, ptr_distance, vote_counts)
+from mechanisms.votes import (
+    RADIUS_RULES,
+    aggregate,
+    counts_of,
+    ensemble_radius,
+    flips_needed,
+    ptr_distance,
+    vote_counts,
+)
 
 __all__ = ["RADIUS_RULES", "vote_counts", "aggregate", "flips_needed", "ensemble_radius",
            "ptr_distance", "lnmax_probabilities", "df_probabilities", "df_zcdp_beta",

@@ -19,8 +19,12 @@ from mechanisms.base import Mechanism, register
 from mechanisms.checks import check_epsilon, privacy_problems
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified
-from mechanisms.noise import (correct_from_flip, laplace_flip_probability, laplace_scale_up,
-                              threshold_draw)
+from mechanisms.noise import (
+    correct_from_flip,
+    laplace_flip_probability,
+    laplace_scale_up,
+    threshold_draw,
+)
 
 
 def flip_probability_gs(epsilon: float) -> float:

@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass
 
 from agt.errors import PrivacyError
-
 from mechanisms.checks import check_delta, check_epsilon, privacy_problems
 
 REPLACE_ONE = "replace-one"

@@ -29,7 +29,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agt.errors import DataError, PrivacyError, Problems
-
 from mechanisms.checks import class_array, radius_array
 from mechanisms.guarantee import RELATIONS
 

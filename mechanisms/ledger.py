@@ -49,7 +49,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from agt.errors import BudgetExceededError, PrivacyError
-
 from mechanisms.accounting import ACCOUNTANTS, Accountant, Composition, SpendGroup
 from mechanisms.base import Mechanism
 from mechanisms.checks import check_delta, check_epsilon, privacy_problems

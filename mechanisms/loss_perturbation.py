@@ -88,7 +88,6 @@ from numpy.typing import NDArray
 from scipy.stats import chi
 
 from agt.errors import DataError, PrivacyError, Problems
-
 from mechanisms.base import Mechanism, register
 from mechanisms.checks import check_params, is_real
 from mechanisms.guarantee import REPLACE_ONE, Guarantee

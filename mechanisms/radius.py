@@ -82,14 +82,18 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from agt.errors import PrivacyError
-
 from mechanisms.base import REFUSED, Mechanism, register
 from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
 from mechanisms.exact import discrete_laplace, exponential_choice
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified, Votes
-from mechanisms.noise import (discrete_laplace_cdf, discrete_laplace_pmf, ptr_draw,
-                              ptr_release_probability, ptr_threshold)
+from mechanisms.noise import (
+    discrete_laplace_cdf,
+    discrete_laplace_pmf,
+    ptr_draw,
+    ptr_release_probability,
+    ptr_threshold,
+)
 from mechanisms.rounding import float_down
 from mechanisms.votes import aggregate, ensemble_radius
 

@@ -34,13 +34,23 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.base import Mechanism, register
-from mechanisms.checks import (check_delta, check_epsilon, check_params, privacy_problems,
-                               radius_array)
+from mechanisms.checks import (
+    check_delta,
+    check_epsilon,
+    check_params,
+    privacy_problems,
+    radius_array,
+)
 from mechanisms.exact import cauchy_argmax
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified
-from mechanisms.noise import NOISE_KINDS, NoiseKind, correct_from_flip, flip_probability, \
-    threshold_draw
+from mechanisms.noise import (
+    NOISE_KINDS,
+    NoiseKind,
+    correct_from_flip,
+    flip_probability,
+    threshold_draw,
+)
 
 # Noise scale = SCALE_FACTOR * S / eps (NRS: S / alpha with alpha = eps/2 resp. eps/6).
 SCALE_FACTOR = {"laplace": 2.0, "cauchy": 6.0}

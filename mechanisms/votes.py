@@ -52,7 +52,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from agt.errors import DataError, Problems
-
 from mechanisms.checks import class_array, radius_array
 
 __all__ = ["RADIUS_RULES", "vote_counts", "aggregate", "flips_needed", "ensemble_radius",

@@ -148,7 +148,11 @@ class Network:
         step = max(1, int(rows_per_pass))
         lo, hi = [], []
         for i in range(0, x.shape[0], step):
-            box, _ = self.forward_bounds(exact, x[i:i + step].to(BOUND_DTYPE), fm)
+            # a fresh (aligned) copy: a BLAS kernel may sum a row in another order when it
+            # starts at another offset in memory, and a record sits at another offset of
+            # the batch tensor in the run on a neighbour with one record more or less
+            rows = x[i:i + step].to(BOUND_DTYPE, copy=True)
+            box, _ = self.forward_bounds(exact, rows, fm)
             lo.append(box.lo[0])
             hi.append(box.hi[0])
         if not lo:

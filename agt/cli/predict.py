@@ -17,14 +17,21 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from agt.cli.format import (add_release_options, charge_note, guarantee_line, ledger_line,
-                            mechanism_options, non_empty, positive_float, unit_float)
-from agt.cli.ledgers import (SpendGuard, default_ledger_unnamed, open_ledger,
-                             write_after_spend)
+from agt.cli.format import (
+    add_release_options,
+    charge_note,
+    guarantee_line,
+    ledger_line,
+    mechanism_options,
+    non_empty,
+    positive_float,
+    unit_float,
+)
+from agt.cli.ledgers import SpendGuard, default_ledger_unnamed, open_ledger, write_after_spend
 
 
 def add_parser(sub) -> None:
-    from mechanisms import Certified, MECHANISMS, mechanism_names
+    from mechanisms import MECHANISMS, Certified, mechanism_names
 
     names = mechanism_names(Certified)
     p = sub.add_parser(

@@ -18,11 +18,24 @@ from pathlib import Path
 
 import numpy as np
 
-from agt.cli.format import (add_release_options, charge_note, guarantee_line, ledger_line,
-                            mechanism_options, non_empty, non_negative_int, positive_float,
-                            unit_float)
-from agt.cli.ledgers import (SpendGuard, default_ledger_unnamed, is_new_ledger, open_ledger,
-                             write_after_spend)
+from agt.cli.format import (
+    add_release_options,
+    charge_note,
+    guarantee_line,
+    ledger_line,
+    mechanism_options,
+    non_empty,
+    non_negative_int,
+    positive_float,
+    unit_float,
+)
+from agt.cli.ledgers import (
+    SpendGuard,
+    default_ledger_unnamed,
+    is_new_ledger,
+    open_ledger,
+    write_after_spend,
+)
 from agt.errors import ConfigError, PrivacyError
 
 
@@ -116,8 +129,7 @@ def run(args) -> int:
     from agt.ensemble import EnsembleCertifier
     from agt.io import check_not_an_input, check_output
     from agt.tensors import resolve_device
-    from mechanisms import (MECHANISMS, Certified, Ledger, Votes, default_ledger_path,
-                            make_mechanism)
+    from mechanisms import MECHANISMS, Certified, Ledger, Votes, default_ledger_path, make_mechanism
     from mechanisms.accounting import plan_queries
     from mechanisms.ledger import hash_query
 

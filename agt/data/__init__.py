@@ -28,8 +28,12 @@ from agt.data.dataset import Dataset, validate_dataset
 from agt.data.digits import MNIST_FILENAME, load_digits_dataset, load_mnist
 from agt.data.imdb import IMDB_FILENAME, load_imdb
 from agt.data.npz import load_npz, load_npz_queries
-from agt.data.octmnist import (OCTMNIST_CLASS_NAMES, OCTMNIST_FILENAME, load_octmnist,
-                               octmnist_public_split)
+from agt.data.octmnist import (
+    OCTMNIST_CLASS_NAMES,
+    OCTMNIST_FILENAME,
+    load_octmnist,
+    octmnist_public_split,
+)
 from agt.errors import ConfigError
 
 __all__ = [

@@ -45,8 +45,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from agt.data.dataset import Dataset, validate_dataset
-from agt.data.options import (NpzArchive, Options, as_features, as_labels, check_pair,
-                              subsample_sorted)
+from agt.data.options import (
+    NpzArchive,
+    Options,
+    as_features,
+    as_labels,
+    check_pair,
+    subsample_sorted,
+)
 from agt.errors import ConfigError, DataError
 
 DIGITS_RANGE = (0.0, 16.0)

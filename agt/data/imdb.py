@@ -15,8 +15,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from agt.data.dataset import Dataset, validate_dataset
-from agt.data.options import (NpzArchive, Options, as_features, as_labels, check_pair,
-                              check_same_features, subsample_sorted)
+from agt.data.options import (
+    NpzArchive,
+    Options,
+    as_features,
+    as_labels,
+    check_pair,
+    check_same_features,
+    subsample_sorted,
+)
 from agt.errors import DataError
 
 IMDB_FILENAME = "imdb_embeddings.npz"

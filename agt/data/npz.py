@@ -14,9 +14,17 @@ from typing import Any, Mapping
 import numpy as np
 
 from agt.data.dataset import Dataset, first_nonfinite_record, validate_dataset
-from agt.data.options import (NpzArchive, Options, as_features, as_labels, check_pair,
-                              check_same_features, resolve_path)
+from agt.data.options import (
+    NpzArchive,
+    Options,
+    as_features,
+    as_labels,
+    check_pair,
+    check_same_features,
+    resolve_path,
+)
 from agt.errors import ConfigError, DataError
+
 
 def load_npz(options: Mapping[str, Any] | None, base_dir: Path | None) -> Dataset:
     opts = Options("npz", options,

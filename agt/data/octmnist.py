@@ -20,8 +20,14 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from agt.data.dataset import Dataset, first_nonfinite_record, validate_dataset
-from agt.data.options import (NpzArchive, Options, as_labels, check_pair, check_same_features,
-                              subsample_sorted)
+from agt.data.options import (
+    NpzArchive,
+    Options,
+    as_labels,
+    check_pair,
+    check_same_features,
+    subsample_sorted,
+)
 from agt.errors import DataError
 
 OCTMNIST_FILENAME = "octmnist.npz"

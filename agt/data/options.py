@@ -16,6 +16,7 @@ import numpy as np
 
 from agt.errors import ConfigError, DataError, Problems
 
+
 class Options:
     """Typed read access to one loader's options.
 

@@ -49,13 +49,29 @@ stability radius (owner-only); vote counting, the ensemble answer and the ensemb
 (AGT Thm 5.3) live in mechanisms/ensemble.py beside their proofs.
 """
 
-from agt.ensemble.partition import (ENSEMBLE_RELATIONS, PARTITION_RULE, SEED_RULE,
-                                    check_ensemble_plan, part_sizes, partition_indices,
-                                    teacher_dataset, teacher_of, teacher_parent, teacher_seed)
-from agt.ensemble.store import (FORMAT, FORMAT_VERSION, MANIFEST, Ensemble, is_ensemble_dir,
-                                read_ensemble, write_ensemble)
-from agt.ensemble.train import train_ensemble, train_teacher
 from agt.ensemble.certify import EnsembleCertificate, EnsembleCertifier
+from agt.ensemble.partition import (
+                                    ENSEMBLE_RELATIONS,
+                                    PARTITION_RULE,
+                                    SEED_RULE,
+                                    check_ensemble_plan,
+                                    part_sizes,
+                                    partition_indices,
+                                    teacher_dataset,
+                                    teacher_of,
+                                    teacher_parent,
+                                    teacher_seed,
+)
+from agt.ensemble.store import (
+                                    FORMAT,
+                                    FORMAT_VERSION,
+                                    MANIFEST,
+                                    Ensemble,
+                                    is_ensemble_dir,
+                                    read_ensemble,
+                                    write_ensemble,
+)
+from agt.ensemble.train import train_ensemble, train_teacher
 
 __all__ = ["ENSEMBLE_RELATIONS", "FORMAT", "FORMAT_VERSION", "MANIFEST", "PARTITION_RULE",
            "SEED_RULE", "Ensemble", "EnsembleCertificate", "EnsembleCertifier",

@@ -56,8 +56,8 @@ class EnsembleCertifier:
                            for b, tr in zip(ensemble.bundles, trajectories)]
 
     def _trajectories(self, ds) -> list:
-        from agt.errors import DataError
         from agt.ensemble.partition import teacher_dataset
+        from agt.errors import DataError
         from agt.trajectory import TrajectoryBounds
         if ds.sha256() != self.ensemble.manifest["dataset_sha256"]:
             raise DataError("this dataset is not the ensemble's training split (its sha256 "

@@ -7,9 +7,16 @@ import datetime as _dt
 
 from agt.config import TrainConfig
 from agt.data import Dataset, validate_dataset
-from agt.ensemble.partition import (ENSEMBLE_RELATIONS, PARTITION_RULE, SEED_RULE,
-                                    check_ensemble_plan, part_sizes, teacher_dataset,
-                                    teacher_parent, teacher_seed)
+from agt.ensemble.partition import (
+    ENSEMBLE_RELATIONS,
+    PARTITION_RULE,
+    SEED_RULE,
+    check_ensemble_plan,
+    part_sizes,
+    teacher_dataset,
+    teacher_parent,
+    teacher_seed,
+)
 from agt.ensemble.store import FORMAT, FORMAT_VERSION, Ensemble
 from agt.parallel import DEFAULT_RETRIES, plan_execution, run_tasks
 from agt.store import Bundle, from_result

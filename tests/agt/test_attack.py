@@ -21,10 +21,19 @@ from agt.certify import Certifier
 from agt.errors import ConfigError, DataError
 from agt.store import from_result
 from agt.training import train, train_nominal
-
 from tests.agt.test_stability import ball_data, head
-from tests.helpers import (CONV, LOGISTIC, LOGISTIC_CE, MLP, MLP_BCE, blobs, classes, config,
-                           images, logits)
+from tests.helpers import (
+    CONV,
+    LOGISTIC,
+    LOGISTIC_CE,
+    MLP,
+    MLP_BCE,
+    blobs,
+    classes,
+    config,
+    images,
+    logits,
+)
 
 Q = 40
 

@@ -10,10 +10,20 @@ from agt.certify import Certifier, check_served_model
 from agt.errors import BundleError, DataError
 from agt.store import from_result
 from agt.training import train
-
-from tests.helpers import (LOGISTIC, LOGISTIC_CE, MLP, MLP_BCE, CONV, assert_radius_releases_refuse,
-                           blobs, classes, config, images, logits)
 from tests.agt.test_training import perturb
+from tests.helpers import (
+    CONV,
+    LOGISTIC,
+    LOGISTIC_CE,
+    MLP,
+    MLP_BCE,
+    assert_radius_releases_refuse,
+    blobs,
+    classes,
+    config,
+    images,
+    logits,
+)
 
 
 def bundle_for(model, loss, ds, **kw):

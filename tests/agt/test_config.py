@@ -454,6 +454,7 @@ def test_yaml_exponent_without_dot_is_a_number():
 
 def test_empty_k_values_rejected_and_numpy_ints_accepted():
     import numpy as np
+
     from agt.config import parse_k_values
     with pytest.raises(ConfigError, match="empty"):
         parse_k_values("")
@@ -464,6 +465,7 @@ def test_yaml_refuses_a_key_given_twice_and_keeps_merge_keys():
     """PyYAML keeps the last of two equal keys silently (a learning_rate appended at the end
     of a config overrode the first); merge keys (<<: *anchor) override by design."""
     import yaml
+
     from agt.config import load_yaml
     assert load_yaml("base: &b {lr: 1, g: 2}\nrun: {<<: *b, lr: 3}") == {
         "base": {"lr": 1, "g": 2}, "run": {"lr": 3, "g": 2}}

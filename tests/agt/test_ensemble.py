@@ -13,12 +13,20 @@ import torch
 
 from agt.certify import Certifier
 from agt.data import Dataset
-from agt.ensemble import (MANIFEST, EnsembleCertifier, check_ensemble_plan, part_sizes,
-                          partition_indices, read_ensemble, teacher_dataset, teacher_of,
-                          train_ensemble, write_ensemble)
+from agt.ensemble import (
+    MANIFEST,
+    EnsembleCertifier,
+    check_ensemble_plan,
+    part_sizes,
+    partition_indices,
+    read_ensemble,
+    teacher_dataset,
+    teacher_of,
+    train_ensemble,
+    write_ensemble,
+)
 from agt.errors import BundleError, ConfigError
 from mechanisms import ensemble as me
-
 from tests.helpers import LOGISTIC_CE, MLP, blobs, config, with_train
 
 T = 5

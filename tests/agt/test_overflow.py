@@ -11,22 +11,30 @@ import numpy as np
 import pytest
 import torch
 
+import agt.training as training_mod
 from agt.certify import Certifier
 from agt.config import config_from_dict
 from agt.data import Dataset
 from agt.errors import BundleError, ConfigError, DataError
+from agt.interval import Interval
+from agt.optim import round_to
 from agt.stability import StabilityProblem, StabilityStep
 from agt.store import from_result, validate_bundle
 from agt.tensors import predicted_classes
-from agt.interval import Interval
-from agt.optim import round_to
 from agt.training import train, train_nominal
-import agt.training as training_mod
-
 from tests.agt.test_stability import R, ball_data, distance, head
 from tests.agt.test_training import assert_steps_nest
-from tests.helpers import (LOGISTIC, LOGISTIC_CE, MLP, blobs, classes, config, inside, logits,
-                           with_train)
+from tests.helpers import (
+    LOGISTIC,
+    LOGISTIC_CE,
+    MLP,
+    blobs,
+    classes,
+    config,
+    inside,
+    logits,
+    with_train,
+)
 
 F32 = float(torch.finfo(torch.float32).max)
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from agt.cli import main
 from agt.ensemble import read_ensemble, train_ensemble, write_ensemble
 from agt.errors import ConfigError, WorkerError
-from agt.cli import main
 from agt.parallel import Execution, ray_session, run_tasks
 from tests.agt import parallel_tasks as tasks
 from tests.helpers import MLP, blobs, config

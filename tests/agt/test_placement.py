@@ -14,11 +14,23 @@ import agt.placement as placement
 from agt.data import Dataset
 from agt.errors import ConfigError
 from agt.training import REPLACE, train, train_nominal
-
-from tests.agt.test_training import (NEIGHBOUR_KINDS, REPLACE_KINDS, assert_steps_nest,
-                                     falsify, one_record_neighbour, targeted)
-from tests.helpers import (LOGISTIC_CE, MLP, assert_radius_releases_refuse, blobs, config,
-                           inside, with_train)
+from tests.agt.test_training import (
+    NEIGHBOUR_KINDS,
+    REPLACE_KINDS,
+    assert_steps_nest,
+    falsify,
+    one_record_neighbour,
+    targeted,
+)
+from tests.helpers import (
+    LOGISTIC_CE,
+    MLP,
+    assert_radius_releases_refuse,
+    blobs,
+    config,
+    inside,
+    with_train,
+)
 
 
 def per_epoch(model, **kw):

@@ -22,7 +22,6 @@ from agt.data import Dataset
 from agt.errors import BundleError
 from agt.store import from_result, read_bundle, write_bundle
 from agt.training import train, train_nominal
-
 from tests.agt.test_training import perturb
 from tests.helpers import MLP_BCE, blobs, config, inside, restamp
 

@@ -22,7 +22,6 @@ from agt.data import Dataset
 from agt.errors import BundleError, ConfigError, DataError
 from agt.store import BALL_PATH, from_result, read_bundle, write_bundle
 from agt.training import epoch_orders, train, train_nominal
-
 from tests.helpers import config, restamp
 
 R = 2.0

@@ -17,7 +17,6 @@ from agt.tensors import strict_kernels
 from agt.training import train
 from tests.helpers import LOGISTIC, blobs, config, environ_after_importing_agt
 
-
 PRECISIONS = (torch.backends, torch.backends.cuda.matmul, torch.backends.cudnn.conv,
               torch.backends.mkldnn.matmul)
 

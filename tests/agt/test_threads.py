@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from agt.errors import ConfigError
-from agt.threads import (env_threads, requested_threads, resolve_threads, using_threads,
-                         worker_environment)
+from agt.threads import (
+    env_threads,
+    requested_threads,
+    resolve_threads,
+    using_threads,
+    worker_environment,
+)
 from tests.helpers import environ_after_importing_agt
 
 

@@ -14,9 +14,14 @@ import torch
 import agt.topk as topk_mod
 from agt.errors import SoundnessError
 from agt.interval import FloatModel, Interval
-from agt.topk import (DescentAccumulator, clamp_limit, kth_values, nesting_allowance,
-                      rounding_allowance, select)
-
+from agt.topk import (
+    DescentAccumulator,
+    clamp_limit,
+    kth_values,
+    nesting_allowance,
+    rounding_allowance,
+    select,
+)
 from tests.agt.topk_reference import ReferenceDescentAccumulator
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -13,17 +13,27 @@ import numpy as np
 import pytest
 import torch
 
+import agt.training as training_mod
 from agt.certify import Certifier
 from agt.data import Dataset
-from agt.errors import DataError
+from agt.interval import FloatModel, Interval
 from agt.store import from_result
 from agt.topk import DescentAccumulator
-from agt.interval import FloatModel, Interval
 from agt.training import ADD_REMOVE, REPLACE, train, train_nominal
-import agt.training as training_mod
-
-from tests.helpers import (CONV, LOGISTIC, LOGISTIC_CE, MLP, MLP_BCE, blobs, classes, config,
-                           images, inside, logits, with_train)
+from tests.helpers import (
+    CONV,
+    LOGISTIC,
+    LOGISTIC_CE,
+    MLP,
+    MLP_BCE,
+    blobs,
+    classes,
+    config,
+    images,
+    inside,
+    logits,
+    with_train,
+)
 
 
 def perturb(ds, kind: str, m: int, rng: np.random.Generator, scale: float = 6.0):
@@ -461,6 +471,7 @@ def test_adding_a_record_breaks_a_bundle_of_batch_size_n_but_not_a_full_batch_on
 def test_dampening_without_momentum_is_refused():
     """Issue 8, item 10: torch.optim.SGD ignores dampening when momentum is 0."""
     import pytest as _pytest
+
     from agt.errors import ConfigError
     with _pytest.raises(ConfigError, match="dampening without momentum"):
         config(LOGISTIC_CE, optimizer="sgdm", momentum=0.0, dampening=0.3)

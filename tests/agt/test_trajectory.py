@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 import torch
 
+import agt.trajectory as trajectory_mod
 from agt.attack import flip_radius
 from agt.certify import Certifier
 from agt.config import config_from_dict
 from agt.errors import BundleError, ConfigError, DataError
 from agt.store import from_result
-from agt.trajectory import TrajectoryBounds
 from agt.training import train, train_nominal
-import agt.trajectory as trajectory_mod
-
-from tests.agt.test_attack import Q, SETTINGS as ATTACK_SETTINGS, attacked
+from agt.trajectory import TrajectoryBounds
+from tests.agt.test_attack import SETTINGS as ATTACK_SETTINGS
+from tests.agt.test_attack import Q, attacked
 from tests.agt.test_stability import ball_data, head
 from tests.agt.test_training import perturb, targeted
 from tests.helpers import LOGISTIC_CE, MLP, blobs, classes, config, logits

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from agt.interval import BOUND_DTYPE, FloatModel, Interval, gamma as gamma_n
+from agt.interval import BOUND_DTYPE, FloatModel, Interval
+from agt.interval import gamma as gamma_n
 from agt.topk import _sum_slack, blocked_sum
 
 _U64 = 2.0**-53

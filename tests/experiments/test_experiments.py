@@ -16,9 +16,9 @@ import yaml
 
 from agt.cli import main
 from agt.errors import ConfigError
-from tests.fakes import write_fake_imdb_embeddings, write_fake_octmnist
 from experiments.plan import default_plan_path, epsilon_grid, load_plan
 from experiments.runner import EXPERIMENTS
+from tests.fakes import write_fake_imdb_embeddings, write_fake_octmnist
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"

@@ -11,10 +11,16 @@ from hypothesis import strategies as st
 from scipy.special import gammaln
 
 from agt.errors import PrivacyError
-from mechanisms.accounting import (ACCOUNTANTS, Accountant, Composition, advanced_composition,
-                                   best_composition, per_query_epsilon, standard_composition,
-                                   tight_epsilon)
-
+from mechanisms.accounting import (
+    ACCOUNTANTS,
+    Accountant,
+    Composition,
+    advanced_composition,
+    best_composition,
+    per_query_epsilon,
+    standard_composition,
+    tight_epsilon,
+)
 
 # -- oracle: exact optimal composition of k (eps, delta)-DP mechanisms (KOV 2015, Thm 3.3) --
 

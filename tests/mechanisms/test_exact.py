@@ -15,11 +15,27 @@ import numpy as np
 import pytest
 
 from mechanisms.ensemble import df_draw, df_probabilities, lnmax_draw, lnmax_probabilities
-from mechanisms.exact import (_BITS, LazyCauchy, _arctan_over_pi_bounds, _argmax_of, bernoulli,
-                              bernoulli_arctan_over_pi, bernoulli_exp, cauchy_argmax,
-                              discrete_laplace, exponential_choice, uniform_below)
-from mechanisms.noise import (REFUSED, cauchy_flip_probability, laplace_flip_probability,
-                              ptr_draw, ptr_release_probability, threshold_draw)
+from mechanisms.exact import (
+    _BITS,
+    LazyCauchy,
+    _arctan_over_pi_bounds,
+    _argmax_of,
+    bernoulli,
+    bernoulli_arctan_over_pi,
+    bernoulli_exp,
+    cauchy_argmax,
+    discrete_laplace,
+    exponential_choice,
+    uniform_below,
+)
+from mechanisms.noise import (
+    REFUSED,
+    cauchy_flip_probability,
+    laplace_flip_probability,
+    ptr_draw,
+    ptr_release_probability,
+    threshold_draw,
+)
 from mechanisms.radius import exp_draw, exp_probabilities
 from tests.helpers import IntegersOnly
 

@@ -17,9 +17,14 @@ from agt.errors import BudgetExceededError, DataError, PrivacyError
 from mechanisms import Certified, Ledger, Source, Votes, make_mechanism
 from mechanisms.ensemble import ensemble_radius
 from mechanisms.noise import discrete_laplace_cdf, discrete_laplace_pmf, make_generator
-from mechanisms.radius import (exp_flip_probability, exp_probabilities,
-                               discrete_difference_tail, gated_correct_probability,
-                               svt_rates, svt_threshold)
+from mechanisms.radius import (
+    discrete_difference_tail,
+    exp_flip_probability,
+    exp_probabilities,
+    gated_correct_probability,
+    svt_rates,
+    svt_threshold,
+)
 from tests.helpers import IntegersOnly
 
 SHA = "ab" * 32

@@ -13,8 +13,13 @@ from agt.errors import DataError, PrivacyError
 from mechanisms import Certified, Guarantee, Source, make_mechanism
 from mechanisms.global_sens import GlobalSensitivity, flip_probability_gs
 from mechanisms.noise import cauchy_flip_probability, laplace_flip_probability, make_generator
-from mechanisms.smooth import (SmoothSensitivity, flip_probability_ss, noise_scale, smooth_beta,
-                               smooth_bound)
+from mechanisms.smooth import (
+    SmoothSensitivity,
+    flip_probability_ss,
+    noise_scale,
+    smooth_beta,
+    smooth_bound,
+)
 
 N_DRAWS = 200_000
 RELATION = "replace-one"

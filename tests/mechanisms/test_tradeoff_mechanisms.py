@@ -14,8 +14,12 @@ from scipy import integrate, stats
 
 from agt.errors import DataError, PrivacyError
 from mechanisms import Certified, Ledger, Source, Votes, make_mechanism
-from mechanisms.convex import (LinearModel, analytic_gaussian_sigma, gaussian_delta,
-                               sample_norm_noise)
+from mechanisms.convex import (
+    LinearModel,
+    analytic_gaussian_sigma,
+    gaussian_delta,
+    sample_norm_noise,
+)
 from mechanisms.ensemble import df_probabilities, df_zcdp_beta, vote_counts
 from mechanisms.noise import make_generator
 

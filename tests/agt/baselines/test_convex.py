@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from agt.baselines.convex import (LIPSCHITZ, fit_logistic, logit_gradient, sensitivity_bound)
+from agt.baselines.convex import LIPSCHITZ, fit_logistic, logit_gradient, sensitivity_bound
 from agt.baselines.unit_ball import UnitBallMap, check_unit_ball, pca_basis
 from agt.errors import ConfigError, DataError
 

@@ -4,7 +4,6 @@ independent PLD accountant), frozen prefixes, validation and determinism."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 
@@ -12,12 +11,18 @@ import numpy as np
 import pytest
 import torch
 
+from agt.baselines.dpsgd import (
+    DPSGD_RELATION,
+    DPSGDConfig,
+    DPSGDResult,
+    evaluate,
+    predict,
+    train_dpsgd,
+)
 from agt.config import config_from_dict
 from agt.data import Dataset, load_dataset
 from agt.errors import ConfigError, DataError, PrivacyError
 from agt.models import ModelSpec, init_params
-from agt.baselines.dpsgd import (DPSGD_RELATION, DPSGDConfig, DPSGDResult, evaluate, predict,
-                              train_dpsgd)
 from tests.helpers import CONV, images
 
 LOGISTIC_BCE = [{"linear": {"in": 6, "out": 1}}]

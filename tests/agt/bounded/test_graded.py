@@ -17,8 +17,15 @@ import agt.bounded.losses as losses_mod
 import agt.interval as iv
 from agt.bounded.network import Network
 from agt.interval import FloatModel, Interval
-from tests.agt.bounded.test_layers import (DTYPES, F64, MODEL_NAMES, _gen, bound_grads,
-                                           box_around, make_case)
+from tests.agt.bounded.test_layers import (
+    DTYPES,
+    F64,
+    MODEL_NAMES,
+    _gen,
+    bound_grads,
+    box_around,
+    make_case,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

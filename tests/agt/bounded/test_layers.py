@@ -28,8 +28,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.func import functional_call, grad, vmap
 
-from agt.bounded.losses import loss_grad_bounds, loss_grad_nominal, softmax_bounds
 from agt.bounded.layers import RULES, rule_for
+from agt.bounded.losses import loss_grad_bounds, loss_grad_nominal, softmax_bounds
 from agt.bounded.network import Network
 from agt.interval import FloatModel, Interval
 from agt.models import LayerSpec, ModelSpec, init_params

@@ -25,7 +25,6 @@ from agt.errors import BundleError
 from agt.store import from_result, read_bundle, write_bundle
 from agt.training import train
 from mechanisms import Ledger
-
 from tests.helpers import LOGISTIC_CE, blobs, config, restamp
 
 ROOT = Path(__file__).resolve().parents[3]

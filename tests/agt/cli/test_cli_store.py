@@ -22,7 +22,6 @@ from agt.data import load_dataset
 from agt.errors import AGTError, BundleError
 from agt.store import FORMAT, FORMAT_VERSION, from_result, read_bundle, write_bundle
 from agt.training import train
-
 from tests.helpers import restamp
 
 BLOBS_OPTS = {"n_samples": 400, "test_fraction": 0.25, "seed": 0}

@@ -14,7 +14,6 @@ from agt.cli import main
 from agt.store import from_result, write_bundle
 from agt.training import train
 from mechanisms.ledger import Ledger
-
 from tests.helpers import LOGISTIC_CE, blobs, config
 
 
