@@ -9,8 +9,8 @@ lower bound (tighter than comparing separate logit intervals). Logit boxes are w
 the rounding of the served float computation, so "certified" speaks about the model the
 served code would compute on any dataset within distance k.
 
-Stability radius r (what the mechanisms spend, DESIGN.md "The smooth bound must itself be
-smooth"): the *index* j of the largest certified grid value g_j (agt/kgrid.py): k* itself on
+Stability radius r (what the mechanisms spend; the smooth bound must itself be smooth,
+docs/design.md): the *index* j of the largest certified grid value g_j (agt/kgrid.py): k* itself on
 a contiguous grid {0, 1, ..., K}, and -1 (like k*) where not even the k = 0 box certifies.
 It drops by at most 1 between neighbouring datasets when the bounds come from a selection
 rule with a nesting proof (`Certificate.smooth_radii`).

@@ -18,7 +18,7 @@ plus ``n`` times the smallest normal number for underflow (this also covers
 flush-to-zero). `FloatModel.widen` adds both error terms, one for the nominal dtype and one
 for the float64 bound computation itself, each with headroom.
 
-`Interval` is the one value type of the tensor core (STYLE.md, pattern 1): a frozen pair
+`Interval` is the one value type of the tensor core: a frozen pair
 ``lo <= hi`` of tensors of equal shape.
 
 Graded widening (nesting in floating point). The smooth radius needs the boxes of
@@ -235,7 +235,7 @@ def mul(a: Interval, b: Interval, fm: FloatModel) -> Interval:
 
     [a]*[b] = [min(corners), max(corners)] with corners a_l b_l, a_l b_u, a_u b_l, a_u b_u.
     For a per-sample outer product (a contraction of length 1) this is as cheap as Rump's
-    midpoint-radius product and never looser (DESIGN.md section 3).
+    midpoint-radius product and never looser.
     """
     p1 = a.lo * b.lo
     p2 = a.lo * b.hi
@@ -297,7 +297,7 @@ def heaviside_mask(pre: Interval) -> Interval:
     """Interval of the ReLU derivative 1[z > 0] over a pre-activation box: 0, 1 or [0, 1].
 
     `pre` must already be widened for rounding, so a pre-activation the nominal float
-    computation could place on either side of 0 gets [0, 1] (DESIGN.md, floating point).
+    computation could place on either side of 0 gets [0, 1] (a ReLU that one rounding can flip is undecided).
     """
     return Interval((pre.lo > 0).to(BOUND_DTYPE), (pre.hi > 0).to(BOUND_DTYPE))
 

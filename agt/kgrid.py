@@ -5,8 +5,8 @@ A grid is a strictly increasing tuple of distances g_0 = 0 < g_1 < ... < g_K. Th
 g_j (-1 where not even g_0 = 0 certifies). On a contiguous grid {0, 1, ..., K} the index is
 the distance itself; on a sparse grid it is a lower bound on the distance that drops by at
 most 1 between neighbouring datasets (box(D', g_{j-1}) lies inside box(D', g_j - 1), inside
-box(D, g_j)), which is what smooth mechanisms need (DESIGN.md "The smooth bound must itself be
-smooth"); the value g_j would not be.
+box(D, g_j)), which is what smooth mechanisms need (Nissim-Raskhodnikova-Smith: the bound
+exp(-beta r) must itself be beta-smooth); the value g_j would not be.
 
 Every k must stay below an integer batch size (`require_below`): the top-k rule removes k of
 the b per-sample gradients of a batch, and k >= b certifies nothing. Under ``batch_size:

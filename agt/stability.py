@@ -98,7 +98,7 @@ is A_{t+1} = L_t A_t + c_t k + k 2 eps_t. Validity: by induction ||d_t|| <= A_t(
 placement m of D'' (the two float errors are each <= eps_t at the norms N_t and N_t + A_t,
 and 2 eps <= 2 k eps for k >= 1). k = 0 is the served point.
 
-Nesting (what r(D') >= r(D) - 1 needs, DESIGN.md): B(theta(D'), rho_{k-1}(D')) lies inside
+Nesting (what r(D') >= r(D) - 1 needs, docs/design.md): B(theta(D'), rho_{k-1}(D')) lies inside
 B(theta(D), rho_k(D)) with room xi_T to spare, for D' a neighbour of D (record i replaced).
 For a placement m' of k - 1 records, m' + e_i (e_i: record i in its batch of every epoch)
 places k records, and by induction on t A_t(k-1, m'; D') + ||theta_t(D') - theta_t(D)||

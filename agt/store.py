@@ -1,4 +1,4 @@
-"""HDF5 bounds bundle: write, read, validate (DESIGN.md section 4).
+"""HDF5 bounds bundle: write, read, validate (docs/formats.md).
 
 Layout (format_version 2)::
 

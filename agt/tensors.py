@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import torch
 
@@ -80,6 +81,29 @@ def _restore_switches(saved: tuple) -> None:
     torch.backends.cudnn.deterministic = cudnn_deterministic
 
 
+#: the cuBLAS workspace settings under which its kernels are deterministic
+DETERMINISTIC_CUBLAS_WORKSPACES = (":4096:8", ":16:8")
+
+
+def check_cublas_workspace(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse to run CUDA kernels without a deterministic cuBLAS workspace setting.
+
+    Args:
+        environ: the environment to read (default ``os.environ``).
+
+    Raises:
+        ConfigError: ``CUBLAS_WORKSPACE_CONFIG`` is not one of
+            `DETERMINISTIC_CUBLAS_WORKSPACES`.
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if value not in DETERMINISTIC_CUBLAS_WORKSPACES:
+        raise ConfigError(
+            f"training or certifying on CUDA needs deterministic cuBLAS kernels: set "
+            f"CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment before the program starts "
+            f"(found {value!r}; the agt command sets it for you)")
+
+
 @contextlib.contextmanager
 def strict_kernels(device: torch.device) -> Iterator[None]:
     """While the block runs: IEEE float products, and deterministic kernels off the CPU.
@@ -94,8 +118,10 @@ def strict_kernels(device: torch.device) -> Iterator[None]:
       and on D', and the first epoch of `k_placement: per-epoch` (agt/placement.py). CPU
       kernels were checked to have it (README, Soundness); CUDA's atomics-based reductions
       and cuDNN's timed algorithm choice do not without these switches. cuBLAS also needs
-      ``CUBLAS_WORKSPACE_CONFIG`` set before it starts; ``import agt`` sets ":4096:8" unless
-      the user set it (too late where CUDA started before agt was imported).
+      ``CUBLAS_WORKSPACE_CONFIG`` (":4096:8" or ":16:8") set before it starts: the command
+      line sets it (`agt.threads.apply_recommended_environment`), and a CUDA block without
+      it is refused (`check_cublas_workspace`) rather than run on kernels that may not be
+      deterministic.
 
     The switches are process-wide, so blocks share them: the first to enter saves the
     caller's settings, the last to leave restores them (also on error), and a block that
@@ -103,6 +129,8 @@ def strict_kernels(device: torch.device) -> Iterator[None]:
     found a concurrent training run under the caller's settings when each block restored
     its own)."""
     global _strict_depth, _strict_saved
+    if torch.device(device).type == "cuda":
+        check_cublas_workspace()
     with _STRICT_LOCK:
         if _strict_depth == 0:
             _strict_saved = _save_switches()

@@ -25,12 +25,12 @@ times the number of workers must fit in the cores this process may run on
 which numbers to change otherwise, for explicit counts and OMP_NUM_THREADS alike, rather
 than silently running with another count (which could change the bounds).
 
-``OMP_WAIT_POLICY=PASSIVE`` must be in the environment before torch loads OpenMP:
-``import agt`` sets it when torch is not loaded yet (agt/__init__.py; the command line
-always imports agt first; a user's setting wins), and worker processes inherit it
-(`worker_environment`).
+``OMP_WAIT_POLICY=PASSIVE`` must be in the environment before torch loads OpenMP. The
+``agt`` command sets it first thing (`apply_recommended_environment`; a user's setting
+wins), worker processes inherit it (`worker_environment`), and ``import agt`` leaves the
+environment alone: a library user sets it before importing torch.
 
-Nothing here imports torch at module level, so `passive_wait` can run before torch loads.
+Nothing here imports torch at module level, so this module can run before torch loads.
 """
 
 from __future__ import annotations
@@ -131,11 +131,34 @@ def configure_threads(threads: int | None = None, workers: int = 1) -> int:
     return n
 
 
-def passive_wait(environ: MutableMapping[str, str] | None = None) -> None:
-    """OMP_WAIT_POLICY=PASSIVE unless the user set a policy (effective only before torch
-    loads OpenMP)."""
+#: what the command line puts in its environment before torch loads, unless already set:
+#: passive OpenMP waits (see above), and the fixed cuBLAS workspace that deterministic
+#: cuBLAS kernels need (`agt.tensors.strict_kernels`, read when cuBLAS starts)
+RECOMMENDED_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+
+
+def apply_recommended_environment(environ: MutableMapping[str, str] | None = None
+                                  ) -> dict[str, str]:
+    """Set every `RECOMMENDED_ENVIRONMENT` variable the user has not set.
+
+    Effective only before torch loads OpenMP and before CUDA starts cuBLAS; the command line
+    calls it first thing. A library user does the same by hand::
+
+        import os
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        import torch, agt
+
+    Args:
+        environ: the mapping to change (default ``os.environ``).
+
+    Returns:
+        The variables it set (name -> value); those the user had set are left alone.
+    """
     environ = os.environ if environ is None else environ
-    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    added = {k: v for k, v in RECOMMENDED_ENVIRONMENT.items() if k not in environ}
+    environ.update(added)
+    return added
 
 
 def worker_environment(threads: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:

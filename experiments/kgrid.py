@@ -9,7 +9,7 @@ trained grid, always with k = 0):
 
   contiguous     the first n + 1 grid values ({0, 1, ..., n} on a contiguous grid): r = k*
   linear         n indices evenly spread up to the largest grid value: r = grid *index* of
-                 the largest certified value (DESIGN.md: a sparse grid's radius must be the
+                 the largest certified value (a sparse grid's radius must be the
                  index, never the value g_j, for exp(-beta r) to be beta-smooth)
   geometric      n indices geometrically spread (denser at small k): index radius
   linear, value  the linear grids with r = g_j, the value: what the paper's Fig. 6 plots;

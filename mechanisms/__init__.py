@@ -22,13 +22,56 @@ predictions into released labels is `Ledger.release(mechanism, inputs)`:
 
 Every epsilon is with respect to a neighbouring relation; a ledger composes only guarantees
 under its own relation (converting add-remove ones to replace-one by group privacy).
+
+The names below load on first use (PEP 562): ``import mechanisms`` loads neither torch nor
+the mechanism modules; the registry fills when it is first asked for (`base.load_registry`).
 """
 
-from mechanisms import convex, ensemble, global_sens, loss_perturbation, radius, smooth  # noqa: F401,E501  (registers)
-from mechanisms.base import MECHANISMS, REFUSED, Mechanism, make_mechanism, mechanism_names
-from mechanisms.guarantee import ADD_REMOVE, RELATIONS, REPLACE_ONE, Guarantee
-from mechanisms.inputs import Certified, Source, Votes
-from mechanisms.ledger import Ledger, LedgerEntry, Release, default_ledger_path, hash_query
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:          # for type checkers and the API reference; not run
+    from mechanisms.base import (MECHANISMS, REFUSED, Mechanism, make_mechanism,
+                                 mechanism_names)
+    from mechanisms.guarantee import ADD_REMOVE, RELATIONS, REPLACE_ONE, Guarantee
+    from mechanisms.inputs import Certified, Source, Votes
+    from mechanisms.ledger import (Ledger, LedgerEntry, Release, default_ledger_path,
+                                   hash_query)
+
+#: public name -> the module that defines it
+_LAZY = {
+    **dict.fromkeys(("MECHANISMS", "REFUSED", "Mechanism", "make_mechanism",
+                     "mechanism_names"), "mechanisms.base"),
+    **dict.fromkeys(("ADD_REMOVE", "RELATIONS", "REPLACE_ONE", "Guarantee"),
+                    "mechanisms.guarantee"),
+    **dict.fromkeys(("Certified", "Source", "Votes"), "mechanisms.inputs"),
+    **dict.fromkeys(("Ledger", "LedgerEntry", "Release", "default_ledger_path", "hash_query"),
+                    "mechanisms.ledger"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name])
+        if name == "MECHANISMS":
+            module.load_registry()
+        value = getattr(module, name)
+    else:
+        try:
+            value = importlib.import_module(f"mechanisms.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"mechanisms.{name}":
+                raise
+            raise AttributeError(f"module 'mechanisms' has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = ["Mechanism", "MECHANISMS", "REFUSED", "make_mechanism", "mechanism_names",
            "Guarantee", "RELATIONS", "REPLACE_ONE", "ADD_REMOVE", "Certified", "Votes",

@@ -153,6 +153,20 @@ class Entry:
 
 MECHANISMS: dict[str, Entry] = {}
 
+#: the modules whose mechanisms register themselves, in the registry's order
+REGISTERING_MODULES = ("global_sens", "smooth", "ensemble", "radius", "convex",
+                       "loss_perturbation")
+
+
+def load_registry() -> dict[str, Entry]:
+    """Import every registering module once (the registry fills as they load) and return
+    `MECHANISMS`. Lazy so that ``import mechanisms`` stays cheap."""
+    import importlib
+
+    for module in REGISTERING_MODULES:
+        importlib.import_module(f"mechanisms.{module}")
+    return MECHANISMS
+
 
 def register(name: str, *, inputs: type, needs_delta: bool, summary: str):
     """Register `factory(epsilon=..., delta=..., **options)` under `name` (one name per
@@ -167,14 +181,14 @@ def register(name: str, *, inputs: type, needs_delta: bool, summary: str):
 
 def mechanism_names(inputs: type | None = None) -> tuple[str, ...]:
     """Registered names, optionally only those releasing `inputs` (Certified or Votes)."""
-    return tuple(n for n, e in MECHANISMS.items() if inputs is None or e.inputs is inputs)
+    return tuple(n for n, e in load_registry().items() if inputs is None or e.inputs is inputs)
 
 
 def make_mechanism(name: str, epsilon: float, delta: float | None = None,
                    **options) -> Mechanism:
     """The mechanism registered as `name` with per-query `epsilon` (and `delta` where it
     takes one); refuses an unknown name, and a missing or unexpected delta."""
-    entry = MECHANISMS.get(name)
+    entry = load_registry().get(name)
     if entry is None:
         raise ConfigError(f"unknown mechanism {name!r}; choose one of "
                           f"{', '.join(sorted(MECHANISMS))}")

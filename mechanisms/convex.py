@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.special import log_ndtr, ndtr
 
 from agt.errors import DataError, PrivacyError, Problems
 from mechanisms.base import Mechanism, register
@@ -137,6 +136,8 @@ def sample_norm_noise(m: int, d: int, beta: float, rng: np.random.Generator
 def gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
     """The exact delta of the Gaussian mechanism (Balle & Wang 2018, Thm 8):
     Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D)."""
+    from scipy.special import log_ndtr, ndtr    # heavy; loaded only when calibrating
+
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
     return float(ndtr(a - b) - math.exp(min(epsilon + float(log_ndtr(-a - b)), 700.0)))

@@ -2,10 +2,12 @@
 
 import os
 
-# OpenMP threads that spin while waiting make tiny tensor ops hundreds of times slower when
-# another process holds the other core; a passive wait policy avoids that.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from agt.threads import apply_recommended_environment
 
+# what the command line does before torch loads: OpenMP threads that spin while waiting make
+# tiny tensor ops hundreds of times slower when another process holds the other core, and
+# CUDA runs need the deterministic cuBLAS workspace (agt.tensors.strict_kernels)
+apply_recommended_environment()
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -67,9 +67,10 @@ def assert_radius_releases_refuse(bundle, x, match: str) -> None:
     mechanisms.make_mechanism("gs", 1.0).check(inputs)
 
 
-def environ_after_importing_agt(name: str, preset: str | None = None) -> str | None:
-    """The value of environment variable `name` after a fresh `import agt` in a child
-    process whose environment has `name` unset, or set to `preset`."""
+def environ_seen_by_the_command_line(name: str, preset: str | None = None) -> str | None:
+    """The value of environment variable `name` when the ``agt`` command line has started
+    (its `main` ran a command) in a child process whose environment has `name` unset, or
+    set to `preset`. The child checks that torch was not loaded before `main` set it."""
     import os
     import subprocess
     import sys
@@ -77,7 +78,11 @@ def environ_after_importing_agt(name: str, preset: str | None = None) -> str | N
     env = {k: v for k, v in os.environ.items() if k != name}
     if preset is not None:
         env[name] = preset
-    code = f"import os, agt, torch; print(os.environ.get({name!r}))"
+    code = ("import os, sys\n"
+            "from agt.cli.main import main\n"
+            "assert 'torch' not in sys.modules\n"
+            "main(['inspect', 'no-such-bundle.h5'])\n"
+            f"print(os.environ.get({name!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr

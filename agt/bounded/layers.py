@@ -1,6 +1,6 @@
 """Per-layer rules: nominal pass (training dtype) and interval pass (float64 bounds).
 
-Each supported layer type has one rule object, registered by kind (STYLE.md pattern 2);
+Each supported layer type has one rule object, registered by kind;
 an unregistered layer raises instead of falling back.
 
 Shapes. Nominal activations are ``(b, ...)`` in the training dtype. In the interval pass

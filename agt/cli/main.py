@@ -6,9 +6,11 @@ argparse's one-line usage errors (also exit 2). SIGTERM (what `timeout` and batc
 send) is handled like Ctrl-C: temporary files are removed and the exit status is 130
 (143 for SIGTERM). A closed stdout (``agt inspect b.h5 | head``) ends the command quietly.
 
-OMP_WAIT_POLICY defaults to PASSIVE, set by ``import agt`` before torch loads (agt/threads.py:
-spinning OpenMP threads make small tensor ops many times slower next to another busy
-process); a user's setting wins.
+Before anything loads torch, `main` puts OMP_WAIT_POLICY=PASSIVE (spinning OpenMP threads
+make small tensor ops many times slower next to another busy process) and
+CUBLAS_WORKSPACE_CONFIG=:4096:8 (deterministic cuBLAS) in the environment, unless the user
+set them (`agt.threads.apply_recommended_environment`). Parsing loads no torch, so every
+``--help`` answers at once.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import signal
 import sys
 
 from agt.errors import AGTError
+from agt.threads import apply_recommended_environment
 
 EXIT_USAGE = 2
 
@@ -48,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_recommended_environment()
     parser = build_parser()
     args = parser.parse_args(argv)
     previous = signal.getsignal(signal.SIGTERM)

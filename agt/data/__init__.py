@@ -6,8 +6,8 @@ accepts a fixed set of option keys (unknown keys, wrong types and impossible val
 collected into one `ConfigError` naming the keys) and raises `DataError` for a missing or
 malformed file, with a one-line message that says how to fix it.
 
-Record order matters: AGT assigns batches as a function of the record index (DESIGN.md
-section 3), so every subsampling keeps the surviving records in file order and is a
+Record order matters: AGT assigns batches as a function of the record index (agt.training,
+`epoch_orders`), so every subsampling keeps the surviving records in file order and is a
 deterministic function of the option `seed`.
 
   dataset.py   Dataset, validate_dataset, Dataset.from_arrays (numpy arrays in)

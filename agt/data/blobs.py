@@ -1,4 +1,4 @@
-"""Blobs: two isotropic Gaussians in the plane, generated (DESIGN.md section 5).
+"""Blobs: two isotropic Gaussians in the plane, generated (the AGT paper's synthetic task).
 
 "separable": centres +(1.25, 1.25) (label 1) and -(1.25, 1.25) (label 0), std 0.35;
 "overlapping": centres +-(1, 1), std 0.75. ``n_samples // 2`` points are drawn from the +

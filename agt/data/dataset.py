@@ -5,8 +5,8 @@ optional test split (the queries). Every loader of this package returns one that
 passed `validate_dataset`; `Dataset.from_arrays` builds one from numpy arrays for the
 Python API.
 
-Record order matters: AGT assigns batches as a function of the record index (DESIGN.md
-section 3), so loaders keep the surviving records in file order.
+Record order matters: AGT assigns batches as a function of the record index (agt.training,
+`epoch_orders`), so loaders keep the surviving records in file order.
 """
 
 from __future__ import annotations

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from agt.certify import Certifier
+from agt.errors import ConfigError
 from agt.store import from_result
 from agt.tensors import strict_kernels
 from agt.training import train
-from tests.helpers import LOGISTIC, blobs, config, environ_after_importing_agt
+from tests.helpers import LOGISTIC, blobs, config, environ_seen_by_the_command_line
 
 PRECISIONS = (torch.backends, torch.backends.cuda.matmul, torch.backends.cudnn.conv,
               torch.backends.mkldnn.matmul)
@@ -143,8 +144,20 @@ def test_strict_kernels_work_after_the_legacy_precision_api():
             b.fp32_precision = value
 
 
-def test_importing_agt_sets_a_cublas_workspace_unless_the_user_did():
-    """Deterministic cuBLAS needs CUBLAS_WORKSPACE_CONFIG before cuBLAS starts; agt is
-    imported before any CUDA work, so it sets the documented value, and a user's wins."""
-    assert environ_after_importing_agt("CUBLAS_WORKSPACE_CONFIG") == ":4096:8"
-    assert environ_after_importing_agt("CUBLAS_WORKSPACE_CONFIG", ":16:8") == ":16:8"
+def test_the_command_line_sets_a_cublas_workspace_unless_the_user_did():
+    """Deterministic cuBLAS needs CUBLAS_WORKSPACE_CONFIG before cuBLAS starts; the command
+    line sets the documented value before anything loads torch, and a user's wins."""
+    assert environ_seen_by_the_command_line("CUBLAS_WORKSPACE_CONFIG") == ":4096:8"
+    assert environ_seen_by_the_command_line("CUBLAS_WORKSPACE_CONFIG", ":16:8") == ":16:8"
+
+
+def test_cuda_work_without_a_deterministic_cublas_workspace_is_refused():
+    """A library user who did not set the variable gets a one-line error naming it, not
+    kernels that may differ run to run (which a frozen prefix's shared boxes rely on)."""
+    from agt.tensors import check_cublas_workspace
+
+    for ok in (":4096:8", ":16:8"):
+        check_cublas_workspace({"CUBLAS_WORKSPACE_CONFIG": ok})
+    for bad in ({}, {"CUBLAS_WORKSPACE_CONFIG": ""}, {"CUBLAS_WORKSPACE_CONFIG": ":0:0"}):
+        with pytest.raises(ConfigError, match="CUBLAS_WORKSPACE_CONFIG=:4096:8"):
+            check_cublas_workspace(bad)

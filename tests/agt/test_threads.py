@@ -7,13 +7,14 @@ import torch
 
 from agt.errors import ConfigError
 from agt.threads import (
+    apply_recommended_environment,
     env_threads,
     requested_threads,
     resolve_threads,
     using_threads,
     worker_environment,
 )
-from tests.helpers import environ_after_importing_agt
+from tests.helpers import environ_seen_by_the_command_line
 
 
 def test_explicit_count_wins_over_environment_and_default():
@@ -67,9 +68,17 @@ def test_worker_environment_keeps_a_users_wait_policy():
 
 
 
-def test_importing_agt_first_sets_a_passive_wait_policy():
-    """OpenMP reads OMP_WAIT_POLICY once, when torch loads it, so agt (whose import loads
-    torch) sets it before: a spinning policy made the Blobs ensembles study 4x slower next to
-    busy processes. A user's policy wins; the command line imports agt first."""
-    assert environ_after_importing_agt("OMP_WAIT_POLICY") == "PASSIVE"
-    assert environ_after_importing_agt("OMP_WAIT_POLICY", "ACTIVE") == "ACTIVE"
+def test_the_command_line_sets_a_passive_wait_policy_before_torch_loads():
+    """OpenMP reads OMP_WAIT_POLICY once, when torch loads it, so the command line sets it
+    before anything loads torch: a spinning policy made the Blobs ensembles study 4x slower
+    next to busy processes. A user's policy wins."""
+    assert environ_seen_by_the_command_line("OMP_WAIT_POLICY") == "PASSIVE"
+    assert environ_seen_by_the_command_line("OMP_WAIT_POLICY", "ACTIVE") == "ACTIVE"
+
+
+def test_recommended_environment_fills_only_what_the_user_left_unset():
+    environ = {"OMP_WAIT_POLICY": "ACTIVE"}
+    added = apply_recommended_environment(environ)
+    assert added == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    assert environ == {"OMP_WAIT_POLICY": "ACTIVE", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    assert apply_recommended_environment(environ) == {}

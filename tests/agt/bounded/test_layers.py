@@ -192,7 +192,7 @@ def assert_inside(box: Interval, value: torch.Tensor, what: str) -> None:
 
 def assert_nested(inner: Interval, outer: Interval, what: str) -> None:
     """inner inside outer up to a few float64 ulps of the outer magnitude: the interval
-    rules are inclusion-monotone in exact arithmetic (DESIGN.md section 3); their float64
+    rules are inclusion-monotone in exact arithmetic; their float64
     evaluation may round two nearly equal ends in opposite directions (seen: 8.5e-19 on
     ends of magnitude 5e-16 from a box of magnitude 0.08)."""
     tol = 8 * 2.0**-53 * outer.magnitude() + 1e-300
@@ -433,7 +433,7 @@ def test_nested_boxes_give_nested_bounds(name, dtype, interval_input):
 # ------------------------------------------- float32 at scale, near-zero pre-activations
 
 def test_float32_near_zero_pre_activations():
-    """DESIGN.md: float32 nominal and interval passes may round a pre-activation to opposite
+    """float32 nominal and interval passes may round a pre-activation to opposite
     sides of 0. Build inputs whose first-layer pre-activations are within rounding of 0 for
     several units, and check the agt nominal and torch.func float32 gradients of a large
     batch against zero-width boxes."""
