@@ -18,7 +18,9 @@ File layout::
     settings: {single: {...}, ...}        # one mapping per experiment (see the classes below)
     quick: {pipeline: {...}, train_overrides: {...}, settings: {single: {...}, ...}}
 
-Unknown keys and impossible values raise `ConfigError` naming the key.
+Unknown keys and impossible values raise `ConfigError` naming the key. Reading the file,
+the ``quick:`` overlay and building each settings section are the loader every study
+shares (experiments/settings.py); this module says which keys a plan has.
 """
 
 from __future__ import annotations
@@ -30,97 +32,42 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import yaml
 
-from agt.config import load_yaml
 from agt.errors import ConfigError, Problems
+from experiments.settings import PLAN_DIR, apply_quick, build_settings, read_plan
 
 DATASETS = ("blobs", "octmnist", "imdb")
 EXPERIMENT_NAMES = ("heatmap", "single", "ensembles", "budget", "kgrid", "teacher")
-PLAN_DIR = Path(__file__).resolve().parent.parent / "configs" / "experiments"
-
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def default_plan_path(dataset: str) -> Path:
+    """The shipped plan of `dataset` (configs/experiments/<dataset>.yaml).
+
+    Args:
+        dataset: one of `DATASETS`.
+
+    Returns:
+        The plan file's path (not checked to exist).
+    """
     return PLAN_DIR / f"{dataset}.yaml"
 
 
 def display_path(path: str | Path) -> str:
-    """A path for results files: relative to the repository when inside it (so committed
-    artifacts do not carry a machine's absolute paths), else as given."""
+    """A path as results files record it.
+
+    Args:
+        path: any path.
+
+    Returns:
+        The resolved path relative to the repository when inside it (so that committed
+        artifacts do not carry a machine's absolute paths), else the resolved path.
+    """
     p = Path(path).resolve()
     try:
         return str(p.relative_to(REPO_ROOT))
     except ValueError:
         return str(p)
-
-
-# ------------------------------------------------------------------------------------------
-# Generic construction of a frozen settings dataclass from a mapping
-
-def _coerce(value: Any, default: Any, where: str) -> Any:
-    """Convert a YAML value to the type of the field's default (lists become tuples)."""
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if isinstance(default, int) and not isinstance(default, bool):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        return int(value)
-    if isinstance(default, float):
-        if isinstance(value, str):
-            try:
-                value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
-            except ValueError:
-                raise ConfigError(f"{where} must be a number, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not math.isfinite(value):
-            raise ConfigError(f"{where} must be a finite number, got {value!r}")
-        return float(value)
-    if isinstance(default, tuple):
-        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where} must be a list, got {value!r}")
-        return tuple(value)
-    if isinstance(default, dict):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where} must be a mapping, got {value!r}")
-        return dict(value)
-    return value
-
-
-def build_settings(cls, raw: Any, where: str):
-    """`cls(**raw)` with unknown keys rejected and values coerced to the defaults' types;
-    every problem of the section is collected and raised as one ConfigError."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be a mapping of settings, got {raw!r}")
-    problems = Problems(kind=ConfigError)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        problems.add(f"unknown setting(s) {unknown} in {where}; allowed: "
-                     f"{', '.join(sorted(fields))}")
-    values = {}
-    for name, value in raw.items():
-        if name not in fields:
-            continue
-        f = fields[name]
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        try:
-            values[name] = value if (value is None or default is None) else \
-                _coerce(value, default, f"{where}.{name}")
-        except ConfigError as exc:
-            problems.add(str(exc))
-    problems.raise_if_any()
-    obj = cls(**values)
-    obj.validate(where, problems)
-    problems.raise_if_any()
-    return obj
 
 
 def _positive(problems: Problems, where: str, **values: float) -> None:
@@ -153,7 +100,19 @@ def _names(problems: Problems, where: str, names: tuple, inputs: str) -> None:
 
 
 def epsilon_grid(spec: Any, where: str) -> tuple[float, ...]:
-    """A list of epsilons, or ``{logspace: [low, high, count]}`` (inclusive, log-spaced)."""
+    """An epsilon grid as a plan writes it.
+
+    Args:
+        spec: a non-empty list of epsilons > 0, or ``{logspace: [low, high, count]}``
+            (`count` values from `low` to `high` inclusive, log-spaced).
+        where: the setting's name in messages.
+
+    Returns:
+        The epsilons as floats.
+
+    Raises:
+        ConfigError: `spec` is neither form or holds an epsilon <= 0.
+    """
     if isinstance(spec, Mapping):
         if set(spec) != {"logspace"} or not isinstance(spec["logspace"], (list, tuple)) \
                 or len(spec["logspace"]) != 3:
@@ -404,6 +363,10 @@ SETTINGS_CLASSES = {
 
 @dataclass(frozen=True)
 class Plan:
+    """A loaded plan: the ``quick:`` section already applied (`quick` says whether), paths
+    resolved, each experiment's settings built. `raw` is the merged mapping it was built
+    from (kept for debugging; not compared, not written)."""
+
     dataset: str
     path: Path
     quick: bool
@@ -421,6 +384,8 @@ class Plan:
         return p if p.is_absolute() else (self.path.parent / p).resolve()
 
     def to_json_dict(self) -> dict[str, Any]:
+        """The plan as results.json records it: plain JSON values, repository-relative
+        paths."""
         def plain(obj):
             if dataclasses.is_dataclass(obj):
                 return {k: plain(v) for k, v in dataclasses.asdict(obj).items()}
@@ -432,42 +397,43 @@ class Plan:
                 return display_path(obj)
             return obj
         return {"dataset": self.dataset, "plan_file": display_path(self.path),
-                "quick": self.quick, "train_config": display_path(self.train_config), "train_overrides": plain(self.train_overrides),
+                "quick": self.quick, "train_config": display_path(self.train_config),
+                "train_overrides": plain(self.train_overrides),
                 "experiments": list(self.experiments), "seeds": list(self.seeds),
                 "pipeline": plain(self.pipeline),
                 "settings": {k: plain(v) for k, v in self.settings.items()}}
 
 
-def _merge(base: Mapping, over: Mapping, where: str) -> dict:
-    """Two-level merge for the quick overlay: mappings are merged key by key, other values
-    replaced."""
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = {**out[key], **value}
-        else:
-            out[key] = value
-    return out
-
-
 _TOP_KEYS = {"dataset", "train_config", "train_overrides", "experiments", "pipeline",
              "settings", "quick", "seeds"}
+#: what ``quick:`` may override, each with the depth `experiments.settings.overlay` merges
+#: it to: pipeline and training overrides key by key (a mapping value one level further),
+#: settings per experiment and then key by key; experiments and seeds replaced whole
+_QUICK_SECTIONS = {"pipeline": 2, "train_overrides": 2, "settings": 3, "experiments": 0,
+                   "seeds": 0}
 
 
 def load_plan(path: str | Path, quick: bool = False, dataset: str | None = None) -> Plan:
-    """Load and validate a plan file; with `quick`, apply its ``quick:`` overrides."""
+    """Load and validate a plan file.
+
+    Args:
+        path: the plan file (``~`` expanded; relative paths inside it resolve against its
+            folder).
+        quick: apply the file's ``quick:`` overrides (`agt reproduce --quick`).
+        dataset: when given, refuse a plan for another dataset.
+
+    Returns:
+        The validated `Plan`.
+
+    Raises:
+        ConfigError: naming the file and the offending key.
+    """
     path = Path(path).expanduser().resolve()
-    if not path.is_file():
-        raise ConfigError(f"experiment plan not found: {path}")
-    try:
-        raw = load_yaml(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read the experiment plan {path}: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must hold a YAML mapping (an experiment plan)")
+    raw = read_plan(path, "experiment plan")
     unknown = sorted(set(raw) - _TOP_KEYS)
     if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in {path}; allowed: {', '.join(sorted(_TOP_KEYS))}")
+        raise ConfigError(f"unknown key(s) {unknown} in {path}; allowed: "
+                          f"{', '.join(sorted(_TOP_KEYS))}")
     name = raw.get("dataset")
     if name not in DATASETS:
         raise ConfigError(f"{path}: dataset must be one of {', '.join(DATASETS)}, got {name!r}")
@@ -475,29 +441,12 @@ def load_plan(path: str | Path, quick: bool = False, dataset: str | None = None)
         raise ConfigError(f"{path} is a plan for dataset '{name}', not '{dataset}'")
     if "train_config" not in raw:
         raise ConfigError(f"{path}: missing train_config (the AGT config of the private model)")
-    quick_raw = raw.get("quick") or {}
-    if not isinstance(quick_raw, Mapping):
-        raise ConfigError(f"{path}: quick must be a mapping of overrides")
-    bad = sorted(set(quick_raw) - {"pipeline", "train_overrides", "settings", "experiments",
-                                   "seeds"})
-    if bad:
-        raise ConfigError(f"{path}: quick may override pipeline, train_overrides, settings, "
-                          f"experiments and seeds only, got {bad}")
-    merged = dict(raw)
-    if quick:
-        for key in ("pipeline", "train_overrides"):
-            merged[key] = _merge(raw.get(key) or {}, quick_raw.get(key) or {}, f"quick.{key}")
-        settings = dict(raw.get("settings") or {})
-        for exp, over in (quick_raw.get("settings") or {}).items():
-            settings[exp] = _merge(settings.get(exp) or {}, over or {}, f"quick.settings.{exp}")
-        merged["settings"] = settings
-        for key in ("experiments", "seeds"):
-            if key in quick_raw:
-                merged[key] = quick_raw[key]
+    merged = apply_quick(raw, quick, str(path), _QUICK_SECTIONS)
     experiments = tuple(merged.get("experiments") or ())
     for e in experiments:
         if e not in EXPERIMENT_NAMES:
-            raise ConfigError(f"{path}: unknown experiment {e!r}; known: {', '.join(EXPERIMENT_NAMES)}")
+            raise ConfigError(f"{path}: unknown experiment {e!r}; known: "
+                              f"{', '.join(EXPERIMENT_NAMES)}")
     if "heatmap" in experiments and name != "blobs":
         raise ConfigError(f"{path}: the heatmap experiment needs the 2-D blobs input plane")
     settings_raw = merged.get("settings") or {}
