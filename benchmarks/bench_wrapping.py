@@ -1,4 +1,4 @@
-"""Where the certificates of long training runs go (issue 12): the wrapping effect, measured.
+"""Where the certificates of long training runs go: the wrapping effect, measured.
 
 For a linear task of benchmarks/bench_tightness.py (default digits10_linear: 10-class
 digits, 64 -> 10, cross-entropy, 10 full-batch float32 steps, lr 2, gamma 0.1), per step:
@@ -14,40 +14,30 @@ then, after the last step, the largest parameter change over ``--neighbours`` re
 neighbours (one random record replaced by a random point of the feature domain with a random
 label, float64 retraining), against the k = 1 box half-width.
 
-With ``--zonotope`` also the experiment of benchmarks/_zonotope.py (relational training
-bounds, not in the engine): hull widths per step and the certified fractions of its boxes
-(engine certifier) against the interval boxes, on the same task and on the IMDB-like head
-trained with plain SGD (``imdb_head`` without momentum, which the experiment lacks).
-
-    python benchmarks/bench_wrapping.py [--task digits10_linear] [--neighbours 20] [--zonotope]
+    python benchmarks/bench_wrapping.py [--task digits10_linear] [--neighbours 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
-from _zonotope import LinearTask, zonotope_boxes  # noqa: E402
 from bench_tightness import task_setup  # noqa: E402
 
 from agt.bounded.losses import loss_grad_nominal  # noqa: E402
-from agt.certify import Certifier  # noqa: E402
-from agt.interval import FloatModel  # noqa: E402
 from agt.optim import round_to  # noqa: E402
-from agt.store import from_result  # noqa: E402
 from agt.tensors import torch_dtype  # noqa: E402
 from agt.training import _batches, epoch_orders, train  # noqa: E402
 
 
 def _linear_setup(name: str, k_values: list[int]):
     cfg, ds, _, _ = task_setup(name)
-    if name == "imdb_head":       # the experiment has no momentum rule: plain SGD
+    if name == "imdb_head":       # the step map below has no momentum rule: plain SGD
         cfg = cfg.replace(optimizer="sgd", momentum=0.0, dampening=0.0)
     if len(cfg.model.layers) != 1:
         raise SystemExit(f"{name}: this benchmark needs a one-layer linear model")
@@ -124,64 +114,14 @@ def diagnose(name: str, n_neighbours: int) -> None:
           f"largest {float(widths[-1][1].max()) / 2:.2e}")
 
 
-def zonotope_vs_interval(name: str, k_values: list[int]) -> None:
-    cfg, ds = _linear_setup(name, k_values)
-    traj = []
-    t0 = time.perf_counter()
-    res = train(cfg, ds, step_callback=lambda s, th, b: traj.append(_theta(th)))
-    t_int = time.perf_counter() - t0
-    dtype = torch_dtype(cfg.dtype)
-    batches, lrs = _plan(cfg, ds.n_train)
-    n_logits = res.nominal["0.weight"].shape[0]
-    bound = float(np.abs(ds.x_train).max())       # the declared domain: the data's own range
-    task = LinearTask(cfg.loss, n_logits, True, cfg.clip_gamma, cfg.l2_reg, bound,
-                      FloatModel(dtype))
-    x = torch.as_tensor(ds.x_train, dtype=torch.float64)
-    t0 = time.perf_counter()
-    stats: dict = {}
-    hulls = zonotope_boxes(x, torch.as_tensor(ds.y_train), res.init["0.weight"],
-                           res.init["0.bias"], batches, lrs, tuple(k_values), task, traj,
-                           stats=stats)
-    t_zon = time.perf_counter() - t0
-    lower = {n: t.clone() for n, t in res.lower.items()}
-    upper = {n: t.clone() for n, t in res.upper.items()}
-    for j, k in enumerate(k_values):
-        if k in hulls:
-            lower["0.weight"][j], lower["0.bias"][j] = hulls[k].lo[:, :-1], hulls[k].lo[:, -1]
-            upper["0.weight"][j], upper["0.bias"][j] = hulls[k].hi[:, :-1], hulls[k].hi[:, -1]
-    print(f"\n{name} (plain SGD), interval training {t_int:.1f} s, zonotope experiment "
-          f"{t_zon:.1f} s")
-    for label, lo, hi in (("interval", res.lower, res.upper), ("zonotope", lower, upper)):
-        res.lower, res.upper = lo, hi
-        kstar = Certifier(from_result(res)).certify(ds.x_test).max_certified_k
-        fr = ", ".join(f"k={k}: {float((kstar >= k).mean()):.3f}" for k in k_values)
-        wk = ", ".join(f"{float(torch.cat([(hi[n][j] - lo[n][j]).flatten() for n in lo]).median()):.1e}"
-                       for j in range(1, len(k_values)))
-        print(f"  {label:8s} certified {fr}; median widths (k >= 1): {wk}")
-    k1 = k_values[1]
-    print(f"  zonotope, k = {k1}, per step (medians over parameters): input half-width h, new "
-          f"error generators from the linearisation (rad S_i h), of which clamp-straddling "
-          f"records' share, the float error, the replacement term; kappa / gamma; fraction of "
-          f"(record, parameter) pairs straddling the clamp")
-    for s, r in enumerate(stats[k1]):
-        print(f"  {s:4d}  h {r['half_width']:.1e}  lin {r['linearisation']:.1e} "
-              f"(clamp {r['clamp_share']:.2f})  float {r['float_error']:.1e}  "
-              f"replace {r['replacement']:.1e}  kappa/gamma {r['kappa_over_gamma']:.2f}  "
-              f"straddling {r['straddle_fraction']:.3f}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--task", default="digits10_linear")
     ap.add_argument("--neighbours", type=int, default=20)
-    ap.add_argument("--zonotope", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     diagnose(args.task, args.neighbours)
-    if args.zonotope:
-        zonotope_vs_interval("digits10_linear", [0, 1, 2, 5])
-        zonotope_vs_interval("imdb_head", [0, 10, 50, 100])
 
 
 if __name__ == "__main__":

@@ -253,27 +253,26 @@ def test_a_marked_record_keeps_the_nominal_gradient_inside_its_bound():
     bound."""
     ds = _huge_records(blobs(200, seed=13), 1.9e38)
     cfg = config(LOGISTIC_CE, clip_gamma=0.1, k_values=[0], dtype="float32")
-    trainer = training_mod._Trainer(cfg, ds, torch.device("cpu"))
+    setup = training_mod.prepare(cfg, ds, torch.device("cpu"))
     theta = {"0.weight": torch.zeros(2, 6), "0.bias": torch.zeros(2)}
     theta["0.weight"][0, 0] = 2.0                   # logit 3.8e38: inf in float32
     idx = torch.arange(ds.n_train)
     with torch.no_grad():
-        z = logits(trainer.spec, theta, ds.x_train[:20], torch.float32)
+        z = logits(setup.spec, theta, ds.x_train[:20], torch.float32)
     assert not bool(torch.isfinite(z).all()), "the records' logits overflow"
-    direction, _ = trainer.nominal_direction(theta, idx)
+    direction, _ = setup.nominal.direction(theta, idx)
     boxes = {n: Interval.exact(t.to(torch.float64).unsqueeze(0)) for n, t in theta.items()}
     k = torch.tensor([0])
 
-    def holds() -> bool:
-        d = trainer.descent_bounds(boxes, k, idx, shared=False)
+    def holds(marked) -> bool:
+        d = setup.passes.descent_bounds(boxes, k, idx, shared=False, marked=marked)
         return all(bool(d[n].contains(direction[n].to(torch.float64).unsqueeze(0)).all())
                    for n in theta)
 
-    trainer._mark_records({n: float(t.abs().max()) for n, t in theta.items()})
-    assert trainer.beyond is not None and int(trainer.beyond.sum()) == 20
-    assert holds()
-    trainer.beyond = None
-    assert not holds(), "the weakened version (no marking) must leave the bound"
+    marked = setup.overflow.marked_records({n: float(t.abs().max()) for n, t in theta.items()})
+    assert marked is not None and int(marked.sum()) == 20
+    assert holds(marked)
+    assert not holds(None), "the weakened version (no marking) must leave the bound"
 
 
 @pytest.mark.parametrize("value,dtype", [(1.9e38, "float32"), (1e39, "float32"),
@@ -370,7 +369,7 @@ def test_public_magnitudes_bound_every_run_and_are_attained(tmp_path, optimizer)
                  pretrained=init, **optimizer)
     lrs = [round_to(cfg.learning_rate_at(t), torch.float32) for t in range(6)]
     for ds in (base, saturating):
-        public = training_mod._Trainer(cfg, ds, torch.device("cpu"))._public_magnitudes(lrs)
+        public = training_mod.prepare(cfg, ds, torch.device("cpu")).overflow.public_bounds(lrs)
         seen = []
         train(cfg, ds, step_callback=lambda step, theta, boxes: seen.append(
             {n: float(v.abs().max()) for n, v in theta.items()}))
@@ -390,9 +389,9 @@ def test_public_bounds_hold_where_steps_underflow(tmp_path):
     """A review's case: zero initial weights stepped by lr d = 2^-148 * 0.3 in float32,
     whose product underflows to the subnormal 2^-149, above the bound 0.6 * 2^-149 that a
     purely relative rounding model gave. The boxes are cut to the public bounds
-    (`_within`), so a one-label neighbour left the k = 1 box, and under add-remove the
-    boxes of D and of D plus one record stopped nesting. Every operation is now charged an
-    absolute half subnormal step too."""
+    (`agt.overflow.cut_to_public`), so a one-label neighbour left the k = 1 box, and under
+    add-remove the boxes of D and of D plus one record stopped nesting. Every operation is
+    now charged an absolute half subnormal step too."""
     base = blobs(20)
     cfg = config(LOGISTIC, "binary_cross_entropy", dtype="float32", clip_gamma=0.3,
                  learning_rate=2.0 ** -148, lr_decay=0.0, n_epochs=1, k_values=[0, 1, 2],
@@ -422,10 +421,10 @@ def test_the_nominal_mean_never_exceeds_the_clamp():
     base = blobs(20)
     ds = with_train(base, np.full((3, 6), 1e3), np.zeros(3, dtype=np.int64))
     cfg = config(LOGISTIC, "binary_cross_entropy", clip_gamma=gam, k_values=[0, 1])
-    trainer = training_mod._Trainer(cfg, ds, torch.device("cpu"))
+    setup = training_mod.prepare(cfg, ds, torch.device("cpu"))
     theta = {"0.weight": torch.zeros(1, 6, dtype=torch.float64),       # every record's
              "0.bias": torch.full((1,), 50.0, dtype=torch.float64)}     # gradient clamps
-    direction, _ = trainer.nominal_direction(theta, torch.arange(3))
+    direction, _ = setup.nominal.direction(theta, torch.arange(3))
     assert float(direction["0.weight"].max()) == gam
 
 
@@ -449,7 +448,7 @@ def test_full_batch_refuses_and_claims_alike_for_every_n():
         cfg = config(LOGISTIC, "binary_cross_entropy", dtype="float32", clip_gamma=gamma,
                      learning_rate=1e-30, lr_decay=0.0, n_epochs=1, k_values=[0, 1])
         try:
-            training_mod._Trainer(cfg, ds, torch.device("cpu"))._public_magnitudes([1e-30])
+            training_mod.prepare(cfg, ds, torch.device("cpu")).overflow.public_bounds([1e-30])
             return True
         except DataError:
             return False

@@ -227,8 +227,8 @@ def test_nesting_survives_the_reviews_rounding_cases(monkeypatch):
     neighbours did not nest by an ulp (float64, two boxes per interval pass, Nesterov, a
     far point) and by 2.8e-10 (float32, sgdm, k near the batch size) until every
     transition carried the slack of agt/placement.py (Rounding)."""
-    import agt.training as training_mod
-    monkeypatch.setattr(training_mod._Trainer, "_budget_boxes_per_pass", lambda self, k: 2)
+    from agt.bound_pass import IntervalPass
+    monkeypatch.setattr(IntervalPass, "boxes_per_pass", lambda self, k, batch_size: 2)
     dp = blobs(37, seed=229)                                  # batches of 14, 14, 10
     x, y = dp.x_train.copy(), dp.y_train.copy()
     x[7] = [-44.50768321546063, -13.716892929808564, -39.60365966756412, -8.19472148508526,
@@ -261,13 +261,12 @@ def test_nesting_survives_the_reviews_rounding_cases(monkeypatch):
                     and (b.upper[name][:-1] <= a.upper[name][1:]).all())
 
 
-def test_per_epoch_radii_are_smooth_since_graded_passes():
-    """A second review built a sub-box whose computed ReLU mask flips (pre-activation lower
-    bound 5e-17 on the box, -1.7e-16 on the sub-box), so the same-c comparisons of the
-    nesting argument could leak a whole record's gradient range: per-epoch bundles of agt <
-    0.3.8, whose passes were not graded, claim no nesting proof, and the releases that spend
-    radii refuse them while the others do not. Since 0.3.8 the passes are graded by the
-    budget state and per-epoch radii are smooth."""
+def test_per_epoch_radii_are_smooth_with_graded_passes():
+    """A sub-box whose computed ReLU mask flips (pre-activation lower bound 5e-17 on the box,
+    -1.7e-16 on the sub-box) lets the same-c comparisons of the nesting argument leak a whole
+    record's gradient range: per-epoch bundles written before the passes were graded by the
+    budget state (agt.config.SMOOTH_PLACEMENTS) claim no nesting proof, and the releases that
+    spend radii refuse them while the others do not. Graded per-epoch radii are smooth."""
     import dataclasses
 
     import mechanisms
@@ -282,8 +281,11 @@ def test_per_epoch_radii_are_smooth_since_graded_passes():
     cert = Certifier(bundle).certify(ds.x_test)
     assert cert.smooth_radii and (cert.max_certified_k >= 1).any()
     mechanisms.make_mechanism("exp-radius", 1.0).check(mechanisms.Certified.from_certificate(cert))
-    assert_radius_releases_refuse(dataclasses.replace(bundle, agt_version="0.3.7"), ds.x_test,
-                                  "k_placement: per-epoch by agt < 0.3.8")
+    from agt.config import SMOOTH_PLACEMENTS
+    since = SMOOTH_PLACEMENTS["per-epoch"]
+    before = ".".join(map(str, since[:2] + (since[2] - 1,)))
+    assert_radius_releases_refuse(dataclasses.replace(bundle, agt_version=before), ds.x_test,
+                                  "interval passes were not graded")
 
 
 def test_per_epoch_passes_are_graded_by_the_budget_state(monkeypatch):
@@ -292,13 +294,14 @@ def test_per_epoch_passes_are_graded_by_the_budget_state(monkeypatch):
     per-k chains after it, so D's side of each comparison has the larger grade. A version
     that drops or flattens the grades fails here (and the pass-level tests of
     tests/agt/bounded/test_graded.py show what an ungraded pass leaks)."""
-    import agt.training as training_mod
+    from agt.bound_pass import IntervalPass
+    from agt.box_updates import BoxUpdate
     calls, passes = [], []
-    original = training_mod._Trainer._budget_evaluator
-    group_pass = training_mod._Trainer._group_pass
+    original = BoxUpdate.per_epoch_evaluator
+    exact_pass = IntervalPass.exact_pass
 
-    def recording(self, idx, lr, first_step, public, after):
-        evaluate = original(self, idx, lr, first_step, public, after)
+    def recording(self, idx, lr, first_step, public, after, marked=None):
+        evaluate = original(self, idx, lr, first_step, public, after, marked)
 
         def wrapped(theta, velocity, c, group, buffers, cap, units, grades):
             calls.append((after, cap, grades.tolist(), units.tolist(), group.tolist(),
@@ -306,12 +309,13 @@ def test_per_epoch_passes_are_graded_by_the_budget_state(monkeypatch):
             return evaluate(theta, velocity, c, group, buffers, cap, units, grades)
         return wrapped
 
-    def recording_pass(self, boxes, k_values, idx, group_index, k_buffers, grade=None):
+    def recording_pass(self, boxes, k_values, idx, group_index, k_buffers, grade=None,
+                       marked=None):
         passes.append(None if grade is None else grade.tolist())
-        return group_pass(self, boxes, k_values, idx, group_index, k_buffers, grade)
+        return exact_pass(self, boxes, k_values, idx, group_index, k_buffers, grade, marked)
 
-    monkeypatch.setattr(training_mod._Trainer, "_budget_evaluator", recording)
-    monkeypatch.setattr(training_mod._Trainer, "_group_pass", recording_pass)
+    monkeypatch.setattr(BoxUpdate, "per_epoch_evaluator", recording)
+    monkeypatch.setattr(IntervalPass, "exact_pass", recording_pass)
     ds = blobs(120, seed=4)
     train(per_epoch(MLP, batch_size=40, n_epochs=2, k_values=[0, 2, 3]), ds)
     steps_per_epoch = -(-ds.n_train // 40)

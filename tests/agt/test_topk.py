@@ -350,7 +350,7 @@ def test_training_bounds_equal_reference_path(monkeypatch, dtype):
     of the torch.topk implementation. Not bit for bit: float64 sums over other memory
     layouts add in another order (inside the allowance), and three steps amplify that to
     ~1e-14, the tolerance of test_fragmented_equals_unfragmented."""
-    import agt.training as training_mod
+    from agt import bound_pass, memory
     from agt.training import train
     from tests.helpers import MLP, blobs, config
 
@@ -358,9 +358,9 @@ def test_training_bounds_equal_reference_path(monkeypatch, dtype):
     cfg = config(MLP, "cross_entropy", n_epochs=3, k_values=[0, 1, 2, 3, 7, 30, 120, 199],
                  fragment_size=45, dtype=dtype, clip_gamma=0.06)
     new = train(cfg, ds)
-    monkeypatch.setattr(training_mod, "WORK_ELEMENTS", 3000)     # several row chunks
+    monkeypatch.setattr(memory, "WORK_ELEMENTS", 3000)     # several row chunks
     chunked = train(cfg, ds)
-    monkeypatch.setattr(training_mod, "DescentAccumulator", reference_accumulator)
+    monkeypatch.setattr(bound_pass, "DescentAccumulator", reference_accumulator)
     old = train(cfg, ds)
     for name in new.lower:
         for other in (old, chunked):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import agt.training as training_mod
+from agt import memory
 from agt.certify import Certifier
 from agt.data import Dataset
 from agt.interval import FloatModel, Interval
@@ -66,7 +67,8 @@ def perturb(ds, kind: str, m: int, rng: np.random.Generator, scale: float = 6.0)
         keep = np.setdiff1d(np.arange(n), idx[:r])
         extra_x = scale * rng.normal(size=(a,) + x.shape[1:])
         extra_y = rng.integers(0, int(y.max()) + 1, size=a)
-        return with_train(ds, np.concatenate([x[keep], extra_x]), np.concatenate([y[keep], extra_y]))
+        return with_train(ds, np.concatenate([x[keep], extra_x]),
+                          np.concatenate([y[keep], extra_y]))
     else:
         raise ValueError(kind)
     return with_train(ds, x, y)
@@ -310,7 +312,7 @@ def test_fragmented_equals_unfragmented(monkeypatch):
     ds = blobs(300, seed=9)
     cfg = config(MLP, "cross_entropy", n_epochs=2, k_values=[0, 1, 3, 7])
     whole = train(cfg, ds)
-    monkeypatch.setattr(training_mod, "WORK_ELEMENTS", 97)   # force row chunking too
+    monkeypatch.setattr(memory, "WORK_ELEMENTS", 97)   # force row chunking too
     parts = train(cfg.replace(fragment_size=37), ds)
     for name in whole.nominal:
         torch.testing.assert_close(whole.nominal[name], parts.nominal[name], rtol=1e-12, atol=1e-14)
@@ -327,7 +329,8 @@ def test_topk_rule_equals_naive_sort():
     ks = torch.tensor([0, 3, 11])
     acc = DescentAccumulator(G, P, int(ks.max()), gamma, torch.device("cpu"))
     for f0 in range(0, b, 10):
-        acc.add(0, P, Interval(lo[:, f0:f0 + 10].transpose(1, 2), hi[:, f0:f0 + 10].transpose(1, 2)))
+        acc.add(0, P, Interval(lo[:, f0:f0 + 10].transpose(1, 2),
+                               hi[:, f0:f0 + 10].transpose(1, 2)))
         acc.samples_seen(min(10, b - f0))
     res = acc.bounds(ks, FloatModel(torch.float64))
     gl, gu = lo.clamp(-gamma, gamma).numpy(), hi.clamp(-gamma, gamma).numpy()
@@ -395,7 +398,8 @@ def test_threshold_rule_equals_naive_sort_at_exact_thresholds_and_bounds_it_othe
         exact_lo = np.sort(gl, axis=1)[:, ::-1][:, k - 1] if k else np.full(P, gamma)
         exact_hi = np.sort(gu, axis=1)[:, k - 1] if k else np.full(P, -gamma)
         for tau_lo, tau_hi, exact in ((exact_lo, exact_hi, True),
-                                      (rng.uniform(-gamma, gamma, P), rng.uniform(-gamma, gamma, P), False)):
+                                      (rng.uniform(-gamma, gamma, P),
+                                       rng.uniform(-gamma, gamma, P), False)):
             acc = ThresholdAccumulator(torch.tensor([k]), torch.as_tensor(tau_lo)[None],
                                        torch.as_tensor(tau_hi)[None], gamma)
             for f0 in range(0, b, 9):
@@ -423,7 +427,8 @@ def test_threshold_selection_float32_large_batch():
     ds = blobs(10_000, seed=19)
     cfg = config(MLP_BCE, "binary_cross_entropy", n_epochs=2, dtype="float32",
                  k_values=[0, 1, 3, 30], fragment_size=3000, selection="threshold")
-    assert falsify(cfg, ds, ["targeted", "adversarial", "remove", "add"], trials_per_k=3, seed=20) >= 9
+    assert falsify(cfg, ds, ["targeted", "adversarial", "remove", "add"], trials_per_k=3,
+                   seed=20) >= 9
 
 
 def test_falsify_frozen_conv_prefix_with_pretrained_weights(tmp_path):
@@ -600,22 +605,25 @@ def test_prefix_features_of_a_record_do_not_depend_on_its_place(prefix):
         model = [{"linear": {"in": 33, "out": 17}}, {"relu": {}}, {"linear": {"in": 17, "out": 2}}]
         frozen = 2
     for dtype in ("float32", "float64"):
-        t = training_mod._Trainer(config(model, frozen_layers=frozen, dtype=dtype, fragment_size=64),
-                                  ds, torch.device("cpu"))
+        t = training_mod.prepare(config(model, frozen_layers=frozen, dtype=dtype, fragment_size=64),
+                                 ds, torch.device("cpu"))
         assert ADD_REMOVE in t.relations
         x = torch.as_tensor(ds.x_train, dtype=t.dtype)
-        whole = t._features(x)[1]
+        whole = t.prefix.features(x)[1]
         for shifted, rows in ((x[1:], slice(1, None)), (x[7:], slice(7, None))):
-            part = t._features(shifted)[1]
-            assert torch.equal(part.lo[0], whole.lo[0, rows]) and torch.equal(part.hi[0], whole.hi[0, rows])
-        more = t._features(torch.cat([x[:1], x]))[1]
+            part = t.prefix.features(shifted)[1]
+            assert torch.equal(part.lo[0], whole.lo[0, rows]) and \
+                torch.equal(part.hi[0], whole.hi[0, rows])
+        more = t.prefix.features(torch.cat([x[:1], x]))[1]
         assert torch.equal(more.lo[0, 1:], whole.lo[0]) and torch.equal(more.hi[0, 1:], whole.hi[0])
-        mb = training_mod._Trainer(config(model, frozen_layers=frozen, dtype=dtype, fragment_size=64,
-                                          batch_size=32, k_values=[0, 1, 2]), ds, torch.device("cpu"))
+        mb = training_mod.prepare(config(model, frozen_layers=frozen, dtype=dtype, fragment_size=64,
+                                         batch_size=32, k_values=[0, 1, 2]), ds,
+                                  torch.device("cpu"))
         assert mb.relations == (REPLACE,)
-        base = mb._features(x)[1]
+        base = mb.prefix.features(x)[1]
         replaced = x.clone()
         replaced[70] = -3.0 * replaced[70]
-        other = mb._features(replaced)[1]
+        other = mb.prefix.features(replaced)[1]
         keep = torch.arange(x.shape[0]) != 70
-        assert torch.equal(other.lo[0, keep], base.lo[0, keep]) and torch.equal(other.hi[0, keep], base.hi[0, keep])
+        assert torch.equal(other.lo[0, keep], base.lo[0, keep]) and \
+            torch.equal(other.hi[0, keep], base.hi[0, keep])
