@@ -9,39 +9,34 @@ The public names below load on first use (PEP 562), so ``import agt`` is cheap: 
 neither torch nor h5py and changes no environment variable. A program that trains many
 small models next to other busy processes, or trains on CUDA, should set
 ``OMP_WAIT_POLICY=PASSIVE`` and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before torch loads, as
-the ``agt`` command does (`agt.threads.recommended_environment`).
+the ``agt`` command does (`agt.threads.apply_recommended_environment`).
 
-Example (the quick start of the documentation, run by its tests)::
-
-    import numpy as np, torch, agt, mechanisms
-
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(600, 6)); y = (x[:, 0] + 0.3 * x[:, 1] > 0).astype(int)
-    ds = agt.Dataset.from_arrays(x[:500], y[:500], x[500:], y[500:])
-    cfg = agt.TrainConfig.create(torch.nn.Sequential(torch.nn.Linear(6, 2)),
-                                 "cross_entropy", learning_rate=2.0, clip_gamma=0.1,
-                                 k_values="0..49")
-    bundle = agt.train(cfg, ds)                    # nominal model + bounds for every k
-    cert = agt.certify(bundle, ds.x_test)          # owner-only: predictions and radii
-    with mechanisms.Ledger.open("ledger.db", budget_epsilon=100.0) as ledger:
-        out = ledger.release(mechanisms.make_mechanism("exp-radius", 1.0),
-                             mechanisms.Certified.from_certificate(cert))
-    out.labels, out.guarantee                      # what may be published
+A first run (train, certify, release through a ledger) is the quick start of the README and
+of docs/getting-started.md, which the tests run.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from agt.version import __version__
 
 if TYPE_CHECKING:          # for type checkers and the API reference; not run
+    from agt.api import certify, train
     from agt.certify import Certificate, Certifier
     from agt.config import TrainConfig, config_from_dict, load_config
     from agt.data import Dataset, load_dataset
-    from agt.ensemble import (Ensemble, EnsembleCertificate, EnsembleCertifier,
-                              read_ensemble, train_ensemble, write_ensemble)
+    from agt.ensemble import (
+        Ensemble,
+        EnsembleCertificate,
+        EnsembleCertifier,
+        read_ensemble,
+        train_ensemble,
+        write_ensemble,
+    )
     from agt.errors import AGTError
     from agt.kgrid import KGrid
     from agt.models import ModelSpec
@@ -62,6 +57,7 @@ _LAZY = {
     "ModelSpec": "agt.models",
     "Bundle": "agt.store", "read_bundle": "agt.store", "write_bundle": "agt.store",
     "TrainResult": "agt.training",
+    "train": "agt.api", "certify": "agt.api",
 }
 
 
@@ -86,56 +82,18 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-def train(config: TrainConfig, dataset: Dataset, *, progress: bool = False) -> Bundle:
-    """Train with AGT and return the bounds bundle.
+class _Package(types.ModuleType):
+    """The package object: loading the submodule ``agt.certify`` must not replace the
+    function `certify` of the same name (the import system sets a loaded submodule as an
+    attribute of its package; the submodule stays in ``sys.modules``)."""
 
-    Runs the nominal training rule (`agt.training`) and, in the same pass, computes for every
-    k of ``config.k_values`` a box that holds the parameters training on any dataset within
-    distance k of ``dataset`` could produce (AGT paper, Def. 4.3 and Thm 4.6).
-
-    Args:
-        config: a validated training configuration (`TrainConfig.create` or `load_config`).
-        dataset: the private training data (and optionally a labelled test split).
-        progress: show a progress bar on stderr.
-
-    Returns:
-        The `Bundle`: nominal (served) parameters, the boxes for every k, the record orders
-        and the relations certified. Owner-only; `write_bundle` stores it as HDF5.
-    """
-    from agt.store import from_result
-    from agt.training import train as run_training
-
-    return from_result(run_training(config, dataset, progress=progress))
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "certify" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
 
 
-def certify(bundle: Bundle, x, *, device: str = "cpu", training_data: Dataset | None = None
-            ) -> Certificate:
-    """Certify queries: the served model's prediction and its stability radius.
-
-    A query is certified at k when every parameter in the k-box predicts the served model's
-    class (AGT paper, Lemma 4.4); its radius is the grid index of the largest certified k
-    (-1 where even k = 0 does not certify), which moves by at most one between neighbouring
-    datasets (`agt.certify`).
-
-    Args:
-        bundle: a bounds bundle (`train` or `read_bundle`).
-        x: the queries, an array of shape (n, *input_shape).
-        device: where to evaluate the boxes ("cpu" or "cuda").
-        training_data: for a linear head's bundle from the interval pass, also certify by
-            the margin bound along the training run (`agt.trajectory`; replace-one only).
-
-    Returns:
-        A `Certificate` with per-query predictions, largest certified k and radius.
-        Owner-only: radii are deterministic functions of the private data.
-    """
-    from agt.certify import Certifier
-
-    trajectory = None
-    if training_data is not None:
-        from agt.trajectory import TrajectoryBounds
-        trajectory = TrajectoryBounds(bundle, training_data)
-    return Certifier(bundle, device=device, trajectory=trajectory).certify(x)
-
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "train", "certify", "train_ensemble", "read_bundle", "write_bundle", "read_ensemble",

@@ -172,7 +172,8 @@ class Certifier:
         worst = self.full.forward_magnitudes(mags, x_mag)
         return worst <= overflow_limit(self.dtype)
 
-    def _ball_certified(self, feats: torch.Tensor, pred: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    def _ball_certified(self, feats: torch.Tensor, pred: torch.Tensor,
+                        j: torch.Tensor) -> torch.Tensor:
         """Whether every parameter theta with ||theta - c||_F <= rho_j (c the served linear
         layer) makes the served float computation predict pred (agt/stability.py).
 

@@ -38,34 +38,22 @@ SELECTIONS = ("exact", "threshold")
 #: selection rules whose boxes provably nest (box(D', k-1) inside box(D, k)): their radii
 #: satisfy r(D') >= r(D) - 1 and may feed smooth-sensitivity releases (agt/topk.py)
 SMOOTH_SELECTIONS = ("exact",)
-#: how the k = 0 box is formed (agt/training.py, `served_k0_box`): "served-k0" stores the
-#: served (nominal) parameters themselves as the k = 0 box, "interval" the paper's interval
-#: box widened for the rounding gap between float training and exact arithmetic. Boxes for
-#: k >= 1 are the same interval boxes under both.
-#: "stability" adds to the served-k0 boxes an L2 ball per k for a linear model trained by
-#: gradient descent (full batch or minibatches) inside a declared input domain (agt/stability.py).
 BOUND_METHODS = ("served-k0", "interval", "stability")
-#: how the boxes of k >= 1 are computed: "interval" (the AGT interval pass through every
-#: step; the default) or, with bound method stability only, "ball" (the coordinate boxes
-#: enclosing the L2 balls; training then runs no interval pass and costs about a nominal
-#: run; the default under stability)
 K_BOXES = ("interval", "ball")
-#: where the interval pass lets the k replaced records sit (agt/placement.py): "per-batch"
-#: (the paper: up to k in every batch) or "per-epoch" (up to k in the batches of an epoch
-#: together, as replace-one neighbours have them; tighter on minibatches, costlier)
 K_PLACEMENTS = ("per-batch", "per-epoch")
 #: bound methods whose radii satisfy r(D') >= r(D) - 1 with a smooth selection rule
-#: (agt/training.py, `served_k0_box`, proves it for served-k0; agt/stability.py for the balls)
+#: (`agt.training.served_k0_box` proves it for served-k0; agt/stability.py for the balls)
 SMOOTH_BOUND_METHODS = ("served-k0", "interval", "stability")
-#: placements whose computed boxes keep that property, with the first version that proves
-#: it: "per-epoch" compares neighbours' boxes through the same number of replaced records
-#: on most batches, where an ungraded interval pass is isotone only up to rounding (a review
-#: found ReLU mask decisions that break it); since 0.3.8 its passes are graded by the
-#: budget state (agt/placement.py, Rounding). Earlier per-epoch radii are valid
-#: certificates but not smooth.
+
+# Bundle versions that gate behaviour (the one place): a bundle's radii are smooth only if
+# the agt that wrote it graded its interval passes (agt/interval.py), from GRADED_SINCE on,
+# and for the per-epoch placement, whose programme compares neighbours' boxes through the
+# same number of replaced records, only once those passes were graded by the programme's
+# state too (agt/placement.py, Rounding). Earlier bundles keep valid certificates, but
+# releases that spend radii refuse them (`agt.store.Bundle.smooth_radii`).
+#: placement -> the first agt version whose bundles of that placement have smooth radii
 SMOOTH_PLACEMENTS = {"per-batch": (0, 0, 0), "per-epoch": (0, 3, 8)}
-#: the first version whose interval passes are graded (agt/interval.py): the computed boxes
-#: of earlier bundles nest only where the float64 pass happened to be isotone
+#: the first agt version whose interval passes are graded
 GRADED_SINCE = (0, 3, 6)
 DEFAULT_BOUND_METHOD = "served-k0"
 FULL = "full"
@@ -97,35 +85,101 @@ class DataSpec:
         return DataSpec(str(value["name"]), {k: v for k, v in value.items() if k != "name"})
 
 
+def _key(default: Any, doc: str, *, choices: tuple[str, ...] | None = None) -> Any:
+    """A config key: its default and its documentation (the configuration reference of the
+    docs is generated from these, `config_reference`)."""
+    meta = {"doc": doc}
+    if choices is not None:
+        meta["choices"] = choices
+    if isinstance(default, (dict, list, KGrid)):
+        return field(default_factory=lambda: default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    model: ModelSpec
-    loss: str
-    data: DataSpec | None = None
-    optimizer: str = "sgd"
-    learning_rate: float = 0.1
-    lr_decay: float = 0.0
-    lr_min: float = 0.0
-    momentum: float = 0.0
-    dampening: float = 0.0
-    nesterov: bool = False
-    l2_reg: float = 0.0
-    n_epochs: int = 1
-    batch_size: int | str = FULL
-    clip_gamma: float = 1.0
-    seed: int = 0
-    k_values: KGrid = KGrid((0,))
-    fragment_size: int = 10_000
-    device: str = "auto"
-    dtype: str = "float64"
-    frozen_layers: int = 0
-    pretrained: str | None = None
-    selection: str = "exact"
-    bound_method: str = DEFAULT_BOUND_METHOD
-    input_norm_bound: float | None = None
-    k_boxes: str = "interval"
-    k_placement: str = "per-batch"
-    clip_norm: float | None = None          # per-record gradient norm bound (stability only)
+    """A validated training configuration: one flat mapping of the keys below.
+
+    Build one with `TrainConfig.create` (Python) or `load_config` (YAML); both validate every
+    key and report all problems of a config at once in one `ConfigError`. Configs are never
+    mutated: `replace` returns a new validated one. The docs' configuration reference is
+    generated from the field documentation here (`config_reference`).
+    """
+
+    model: ModelSpec = field(metadata={"doc": (
+        "The model: a list of layers, `{linear: {in, out, bias}}`, "
+        "`{conv2d: {in, out, kernel, stride, padding, bias}}`, `{relu: {}}`, `{flatten: {}}` "
+        "(from Python also an `nn.Sequential` of these, or a `ModelSpec`). Required.")})
+    loss: str = field(metadata={"doc": (
+        "`binary_cross_entropy` (one logit) or `cross_entropy` (C >= 2 logits). Required."),
+        "choices": LOSSES})
+    data: DataSpec | None = _key(None, (
+        "Where the CLI reads the private data: `{name: blobs|npz|digits|mnist|octmnist|imdb, "
+        "...options}` (docs: Data). Not needed from Python, which passes a `Dataset`."))
+    optimizer: str = _key("sgd", (
+        "`sgd`, or `sgdm` (SGD with `momentum`, `dampening`, `nesterov` in "
+        "`torch.optim.SGD`'s semantics)."), choices=OPTIMIZERS)
+    learning_rate: float = _key(0.1, (
+        "lr in lr_t = max(lr / (1 + lr_decay t), lr_min), t the step index from 0."))
+    lr_decay: float = _key(0.0, "Decay of the learning rate (see learning_rate).")
+    lr_min: float = _key(0.0, "Floor of the learning rate (see learning_rate).")
+    momentum: float = _key(0.0, "Momentum of `sgdm`, in [0, 1].")
+    dampening: float = _key(0.0, "Dampening of `sgdm` (needs momentum > 0).")
+    nesterov: bool = _key(False, "Nesterov momentum of `sgdm` (needs momentum, no dampening).")
+    l2_reg: float = _key(0.0, (
+        "L2 weight decay; learning_rate * l2_reg must be <= 1 (a monotone interval update)."))
+    n_epochs: int = _key(1, "Passes over the data, at most 10^5.")
+    batch_size: int | str = _key(FULL, (
+        "`full` (one batch of the whole dataset, whatever its size; certifies add-remove as "
+        "well as replace-one) or an integer (minibatches; replace-one only, and every k of the "
+        "grid below it)."))
+    clip_gamma: float = _key(1.0, (
+        "Per-sample gradients are clamped elementwise to [-gamma, gamma]; every bound charges "
+        "a replaced record gamma per coordinate (AGT paper, Thm 4.6)."))
+    seed: int = _key(0, "Seed of the initial weights and of the record order, below 2^32.")
+    k_values: KGrid = _key(KGrid((0,)), (
+        "The k grid: `0..199`, `0,1,2,5,10` or `0..10,20,50` (0 is always included; at most "
+        "100,000 values). A query's radius is the grid *index* of its largest certified k."))
+    fragment_size: int = _key(10_000, (
+        "Records per streamed fragment of a batch: memory does not grow with the batch."))
+    device: str = _key("auto", "`auto`, `cpu` or `cuda`.", choices=DEVICES)
+    dtype: str = _key("float64", (
+        "Arithmetic of the nominal (served) model; bounds are always float64."),
+        choices=DTYPES)
+    frozen_layers: int = _key(0, (
+        "Leading layers kept fixed at their initial (pretrained) values: a public feature "
+        "extractor in front of the trained head."))
+    pretrained: str | None = _key(None, (
+        "A `.pt` or `.npz` state dict of initial weights (a relative path resolves against "
+        "the config's folder)."))
+    selection: str = _key("exact", (
+        "`exact`: the top-k rule of the AGT paper's Thm 4.6; boxes provably nest, so radii "
+        "may feed smooth releases. `threshold`: the variational form with thresholds from the "
+        "nominal gradients; sound, but with no nesting proof, so releases that spend radii "
+        "refuse such bundles."), choices=SELECTIONS)
+    bound_method: str = _key(DEFAULT_BOUND_METHOD, (
+        "`served-k0`: the k = 0 box is the served model itself, so float rounding cannot "
+        "take k = 0 certificates away (boxes of k >= 1 as under `interval`). `interval`: the "
+        "paper's interval box for every k. `stability`: also one L2 ball per k for a linear "
+        "head trained by gradient descent inside a declared input domain (`agt.stability`; "
+        "replace-one only)."), choices=BOUND_METHODS)
+    input_norm_bound: float | None = _key(None, (
+        "`stability` only: the declared input domain, an L2 bound on every record of every "
+        "neighbouring dataset; a public choice (such as sqrt(64) for 64 pixels in [0, 1]), "
+        "never read off the private data. Training refuses records outside it."))
+    k_boxes: str = _key("interval", (
+        "How the boxes of k >= 1 are computed: `interval` (the AGT interval pass through "
+        "every step) or, under `stability` only and its default there, `ball` (the boxes "
+        "enclosing the L2 balls: no interval pass, about the cost of a nominal run)."),
+        choices=K_BOXES)
+    k_placement: str = _key("per-batch", (
+        "`per-batch` (the paper: every batch may hold k replaced records) or `per-epoch` (the "
+        "batches of an epoch hold at most k together, as a replace-one neighbour has them; "
+        "tighter on minibatches and costlier; `agt.placement`)."), choices=K_PLACEMENTS)
+    clip_norm: float | None = _key(None, (
+        "`stability` with `k_boxes: ball` only: train each record on a clipped loss whose "
+        "gradient has L2 norm <= C (DP-SGD's clipping for binary models), so a replaced "
+        "record moves a step by at most 2 C lr / b (`agt.stability`)."))
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------------------
@@ -172,6 +226,42 @@ class TrainConfig:
 
 
 _FIELDS = {f.name for f in dataclasses.fields(TrainConfig)} - {"raw"}
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One row of the configuration reference."""
+
+    name: str
+    default: str        # as it would be written in YAML; "required" for model and loss
+    choices: tuple[str, ...]
+    doc: str
+
+
+def config_reference() -> list[ConfigKey]:
+    """Every config key with its default, its choices and its documentation, in the order
+    of `TrainConfig` (the docs' configuration reference is generated from this)."""
+    rows = []
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "raw":
+            continue
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = None
+        if value is None and f.name in ("model", "loss"):
+            default = "required"
+        elif isinstance(value, KGrid):
+            default = ",".join(map(str, value))
+        elif isinstance(value, bool):
+            default = str(value).lower()
+        else:
+            default = "null" if value is None else str(value)
+        rows.append(ConfigKey(f.name, default, tuple(f.metadata.get("choices", ())),
+                              f.metadata["doc"]))
+    return rows
 
 
 class _Reader:
@@ -306,12 +396,13 @@ def config_from_dict(raw: Any) -> TrainConfig:
     norm_bound = r.optional_number("input_norm_bound", low=0.0, low_open=True)
     if norm_bound is not None and norm_bound > dtype_max / 16:
         # from the config alone: every record of the declared domain is then finite in the
-        # dtype, so no record can make training refuse (README, What is private)
+        # dtype, so no record can make training refuse (docs/privacy.md)
         problems.add(f"input_norm_bound = {norm_bound:g} is beyond what {dtype} arithmetic "
                      f"can train with (above max({dtype}) / 16 = {dtype_max / 16:.3g}); "
                      "rescale the features and lower it, or train in float64")
     # under stability the clamp is off (gamma >= R), which leaves interval boxes of k >= 1
-    # certifying nothing the balls do not (README, issue 12): the fast boxes by default
+    # certifying nothing the balls do not (docs/results.md, Tightness): the fast boxes by
+    # default
     k_boxes = r.choice("k_boxes", "ball" if bound_method == "stability" else "interval",
                        K_BOXES)
     clip_norm = r.optional_number("clip_norm", low=0.0, low_open=True)
@@ -435,6 +526,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
         raw = {**raw, **overrides}
     base = path.resolve().parent
     pretrained = raw.get("pretrained")
-    if isinstance(pretrained, str) and pretrained and not Path(pretrained).expanduser().is_absolute():
+    if (isinstance(pretrained, str) and pretrained
+            and not Path(pretrained).expanduser().is_absolute()):
         raw = {**raw, "pretrained": str(base / Path(pretrained).expanduser())}
     return config_from_dict(raw)

@@ -297,7 +297,8 @@ def heaviside_mask(pre: Interval) -> Interval:
     """Interval of the ReLU derivative 1[z > 0] over a pre-activation box: 0, 1 or [0, 1].
 
     `pre` must already be widened for rounding, so a pre-activation the nominal float
-    computation could place on either side of 0 gets [0, 1] (a ReLU that one rounding can flip is undecided).
+    computation could place on either side of 0 gets [0, 1] (a ReLU that one rounding can flip is
+    undecided).
     """
     return Interval((pre.lo > 0).to(BOUND_DTYPE), (pre.hi > 0).to(BOUND_DTYPE))
 

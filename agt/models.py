@@ -250,7 +250,8 @@ def _layer_params(layer: LayerSpec) -> int:
     return 0
 
 
-def infer_shapes(layers: tuple[LayerSpec, ...], input_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+def infer_shapes(layers: tuple[LayerSpec, ...],
+                 input_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Shapes (without batch dim) after each layer; raises ConfigError on a mismatch."""
     shape = tuple(input_shape)
     shapes = [shape]

@@ -1,6 +1,6 @@
 """Interval boxes under a per-epoch placement budget (config ``k_placement: per-epoch``).
 
-Valid certificates, tighter on minibatches; since 0.3.8 the computed boxes of neighbours nest
+Valid certificates, tighter on minibatches; the computed boxes of neighbours nest
 (graded passes, Rounding below), so the radii are smooth and feed every release.
 
 The paper's interval pass (Thm 4.6 applied at every step) lets *every* batch hold up to k
@@ -69,7 +69,7 @@ different multisets may already use up to 2 w_c of the a-priori allowance).
 Leaks beyond the slack: a second review built a sub-box whose computed ReLU mask flips from
 active to undecided (the pre-activation's lower bound 5e-17 on the box, -1.7e-16 on the
 sub-box), which widens one record's gradient bound to its whole clamp range, gamma / b in
-the mean: far beyond any rounding slack. So (since 0.3.8) every interval pass of the
+the mean: far beyond any rounding slack. So every interval pass of the
 programme is graded (agt/interval.py, graded widening) by its box's state: grade j in the
 first epoch's shared chain, cap + j in the per-k chain of budget cap later. By the graded
 lemma a computed pass on a box A inside B at grades g_A <= g_B - 1 stays inside the pass on
@@ -84,12 +84,12 @@ depend on the other rows' values). What is left is the first epoch before s: D a
 the same chain on the same batches from the same initial box, so their states are the
 same computation on the same operands and shapes, hence the same floats. Both rest on
 run-to-run determinism of the kernels, the assumption the frozen prefix's features make
-too (agt/training.py, README Soundness); it holds on CPU (a review: bit-identical kept rows
-whatever one other row held, and final boxes with 1 and 2 threads); on other devices
-training runs under deterministic kernels (agt.tensors.strict_kernels, since 0.3.9; not run
-here, no GPU). Per-k chains in the first epoch (grades cap + j) would remove it at
-sum over the grid of (k + 1) boxes per step there instead of max(k) + 1. The selection sums of different multisets keep
-the transition slack above. Bundles of agt < 0.3.8 ran ungraded passes and claim no
+too (docs/design.md, Soundness); it holds on CPU (kept rows are bit-identical whatever
+one other row holds, and final boxes with 1 and 2 threads); on other devices training runs
+under deterministic kernels (`agt.tensors.strict_kernels`). Per-k chains in the first epoch
+(grades cap + j) would remove it at sum over the grid of (k + 1) boxes per step there
+instead of max(k) + 1. The selection sums of different multisets keep the transition slack
+above. Bundles written before these passes were graded claim no
 nesting proof (`agt.store.Bundle.smooth_radii`, agt/config.py SMOOTH_PLACEMENTS): their
 certificates are valid (the validity argument needs no isotonicity), and releases that
 spend radii refuse them. The slack costs about 1e-7 gamma (k + j') per step in float32,

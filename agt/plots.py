@@ -26,7 +26,8 @@ def plot_certification(cert, path: Path) -> Path:
     a.set_ylim(-0.02, 1.02)
     a.set_title("Certified fraction vs k")
     a.grid(alpha=0.3)
-    b.hist(cert.radius, bins=min(50, max(5, int(cert.radius.max(initial=0)) + 2)), color="tab:green")
+    b.hist(cert.radius, bins=min(50, max(5, int(cert.radius.max(initial=0)) + 2)),
+           color="tab:green")
     b.set_xlabel("stability radius r" + ("" if cert.contiguous else " (grid index)")
                  + "; -1: k = 0 not certified")
     b.set_ylabel("number of queries")

@@ -87,7 +87,8 @@ bound of D's batch t), for a placement m (m_t >= 0, at most k per epoch; more th
 one batch is allowed, which only over-counts):
 
     beta_tk  = beta_t + k h R~^2 (1 + s) / b_t + k s h R~^2
-    A_0 = 0,  A_{t+1} = (L_t(beta_tk) A_t + c_t m_t + k 2 eps_t(N_t + (1 + s) A_t + k xi_t)) (1 + 1e-12)
+    A_0 = 0,  A_{t+1} = (L_t(beta_tk) A_t + c_t m_t
+                         + k 2 eps_t(N_t + (1 + s) A_t + k xi_t)) (1 + 1e-12)
     rho_k    = (1 + s) max_m A_T(m) + k xi_T,       xi_t = s (Npub_t + 1),   s = 1e-9,
 
 Npub_t a public bound on the parameter norm of any in-domain run (`public_norm_bounds`).
@@ -322,8 +323,8 @@ class StabilityProblem:
         # (an error up to half a subnormal step per entry that no relative term covers; an
         # adversarial review's subnormal domain with lr 1e38 left the ball by 2.5x when
         # this was charged outside the lr factor only)
-        d_mean = d_rec + (gamma(int(batch_size) + 2, _U64) + _U64 + u) * per_record * (1.0 + 2 * u) \
-            + math.sqrt(P) * (fm.absolute(1) + cfm.absolute(1))
+        d_mean = d_rec + (gamma(int(batch_size) + 2, _U64) + _U64 + u) * per_record \
+            * (1.0 + 2 * u) + math.sqrt(P) * (fm.absolute(1) + cfm.absolute(1))
         direction = (per_record + self.l2 * norm) * (1.0 + 4 * u)
         d_update = u * (self.l2 * norm + direction) * lr + u * lr * direction \
             + u * (norm + lr * direction) * (1.0 + 4 * u)

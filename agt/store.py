@@ -1,4 +1,4 @@
-"""HDF5 bounds bundle: write, read, validate (docs/formats.md).
+"""HDF5 bounds bundle: write, read, validate (docs/reference/formats.md).
 
 Layout (format_version 2)::
 
@@ -130,7 +130,7 @@ class Bundle:
     @property
     def graded_boxes(self) -> bool:
         """Whether the boxes' computed nesting is proven: no interval pass (k_boxes: ball),
-        or passes graded by k (agt/interval.py; agt >= 0.3.6)."""
+        or passes graded by k (agt/interval.py; from agt.config.GRADED_SINCE on)."""
         if self.config.get("k_boxes", "interval") != "interval":
             return True
         return _version_tuple(self.agt_version) >= GRADED_SINCE

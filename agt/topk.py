@@ -15,7 +15,7 @@ parameter we keep the running sum of all g^L and a buffer of its k largest value
 sum of all g^U with a buffer of its k smallest), merged fragment by fragment: memory is
 O(P k), not O(P b).
 
-Why the fast path is the exact rule (issue 11). The bound is a function of two sums and of
+Why the fast path is the exact rule. The bound is a function of two sums and of
 the *multiset* of selected values; a selection only moves values, it never rounds. So any
 procedure that ends with the same multiset per parameter gives the same real-number bound,
 its float64 sums carry the same a-priori rounding allowance (`rounding_allowance`: any
@@ -286,13 +286,15 @@ class DescentAccumulator:
             self._first_rows[start:stop] = True
         shared = grads.lo.shape[0] == 1
         f = grads.lo.shape[-1]
-        if not shared and self.count == 0 and f <= SORT_ROWS_UP_TO and max(self.k_sizes, default=0) <= f:
+        if (not shared and self.count == 0 and f <= SORT_ROWS_UP_TO
+                and max(self.k_sizes, default=0) <= f):
             self._add_first_short(start, stop, grads)
             return
         for g, k in enumerate(self.k_sizes):
             src = 0 if shared else g
-            for values, sums, buffers, largest in ((grads.lo[src], self.sum_lo, self.top_lo, True),
-                                                   (grads.hi[src], self.sum_hi, self.low_hi, False)):
+            for values, sums, buffers, largest in (
+                    (grads.lo[src], self.sum_lo, self.top_lo, True),
+                    (grads.hi[src], self.sum_hi, self.low_hi, False)):
                 # workspace [buffer | fragment]: the clamp writes the fragment in place, the sum
                 # reads it there, the merge selects over the whole row
                 ws = self._workspace(values.shape[0], k + values.shape[1], values.device)
@@ -341,7 +343,8 @@ class DescentAccumulator:
         if self.count:
             self._first_rows = None
 
-    def bounds(self, k: torch.Tensor, fm: FloatModel, group: torch.Tensor | None = None) -> Interval:
+    def bounds(self, k: torch.Tensor, fm: FloatModel,
+               group: torch.Tensor | None = None) -> Interval:
         """Descent-direction bounds for distances ``k`` (int tensor (M,)), each computed from
         group ``group[m]`` of this accumulator (default: group m). Returns Interval (M, P)."""
         b = self.count

@@ -1,5 +1,5 @@
 """Trajectory certificates for a linear head: the query's margin bounded along the whole
-training run, with one choice of replaced records for every step (issue 12, method d).
+training run, with one choice of replaced records for every step.
 
 Setting: a model of one trainable linear layer (no frozen prefix) whose bundle comes from
 the engine's interval pass (bound methods ``interval`` and ``served-k0``), with any update
@@ -20,10 +20,10 @@ magnitudes of the update's intermediates from the step's boxes and |d_t| <= gamm
 rounding: agt/optim.py) and (Lambda, alpha, beta, beta') from the coefficients by the
 adjoint recursion. That recursion runs in float64; the same recursion on absolute values
 bounds its rounding (a sum of products is off by at most gamma_m times the sum of their
-magnitudes), and those bounds are charged wherever a coefficient is used. For a query x~ (bias input 1 appended) served as
-class c and a competitor j, the margin m(theta) = <D, theta>, D = (e_c - e_j) x~^T (one
-logit: D = s x~, s = +1 for class 1, -1 for class 0), is linear in theta, and
-d_t = (1/b_t) sum_{i in B_t} g_i(t) + eps_t with g_i(t) record i's clamped float gradient
+magnitudes), and those bounds are charged wherever a coefficient is used. For a query x~ (bias
+input 1 appended) served as class c and a competitor j, the margin m(theta) = <D, theta>,
+D = (e_c - e_j) x~^T (one logit: D = s x~, s = +1 for class 1, -1 for class 0), is linear in theta,
+and d_t = (1/b_t) sum_{i in B_t} g_i(t) + eps_t with g_i(t) record i's clamped float gradient
 and |eps_t| <= the engine's mean allowance. Take D' that replaces a set S, |S| <= k. A kept
 record's gradient lies in the engine's per-sample interval at the step's k-box (that box
 holds theta_t(D') for every D' within k), so <D, g_i(t)> lies in [L_it, U_it], the exact
@@ -204,7 +204,8 @@ class TrajectoryBounds:
             beta_bar[t], beta_v_bar[t] = lam_abs
             lam = (lam[0] * ct.get("theta", 0.0) + lam[1] * cv.get("theta", 0.0),
                    lam[0] * ct.get("v", 0.0) + lam[1] * cv.get("v", 0.0))
-            lam_abs = (lam_abs[0] * abs(ct.get("theta", 0.0)) + lam_abs[1] * abs(cv.get("theta", 0.0)),
+            lam_abs = (lam_abs[0] * abs(ct.get("theta", 0.0))
+                       + lam_abs[1] * abs(cv.get("theta", 0.0)),
                        lam_abs[0] * abs(ct.get("v", 0.0)) + lam_abs[1] * abs(cv.get("v", 0.0)))
         # each coefficient is a sum of products along <= T + 1 steps of 2 terms each
         self.eta = gamma_n(4 * (T + 4), _U64)
@@ -347,7 +348,8 @@ class TrajectoryBounds:
         d_norm = (rows_in_d * row_norm)[:, None]
         n_in = d_len + 2
         served = 2.0 * (served_mag * self.fm.coeff(n_in) + self.fm.absolute(n_in))
-        allow = (resid + d_norm * self.mean_eps + self.eta * (d_norm * self.alpha_abs_gamma + lam_abs)
+        allow = (resid + d_norm * self.mean_eps
+                 + self.eta * (d_norm * self.alpha_abs_gamma + lam_abs)
                  + served) * (1.0 + 1e-9)
         # float64 evaluation of margin: data-independent bound (see the module docstring)
         alpha_abs = sum(abs(st.alpha) for st in self.steps)

@@ -169,7 +169,8 @@ def certify_report(args) -> None:
                   for rule in ("thm5.3", "tight"))
     acc_vote = float((answer == ds.y_test).mean())
     acc_teachers = (ecert.teacher_predictions == ds.y_test[:, None]).mean(0)
-    print(f"Blobs logistic, n={ds.n_train}, k = 0..{cfg.k_values[-1]} ({len(cfg.k_values)} values), "
+    print(f"Blobs logistic, n={ds.n_train}, k = 0..{cfg.k_values[-1]} "
+          f"({len(cfg.k_values)} values), "
           f"{cfg.n_epochs} full-batch epoch(s), device {args.device}, {args.threads} threads, "
           f"best of {args.repeats}")
     print(f"  single model (n={ds.n_train}) AGT training : {t_single:8.3f} s")

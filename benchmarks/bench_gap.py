@@ -30,9 +30,9 @@ also gives the min-cost ("tight") radius of the same teacher certificates.
                                    [--queries 100] [--max-k K] [--json FILE]
 
 Methods that do not apply to a task (the stability rules on a clamped or momentum task, the
-trajectory and stability rules on an MLP) are skipped with the reason. Deterministic: fixed data, seeds and queries (the first --queries
-test points); the attack searches k in 1..max-k (default: the task's largest grid k) by
-bisection after checking the largest.
+trajectory and stability rules on an MLP) are skipped with the reason. Deterministic: fixed data,
+seeds and queries (the first --queries test points); the attack searches k in 1..max-k (default: the
+task's largest grid k) by bisection after checking the largest.
 """
 
 from __future__ import annotations
@@ -181,7 +181,8 @@ def run(task: str, method: str, n_queries: int, max_k: int | None) -> dict:
     violations = int(((att.flip_k > 0) & (kstar >= att.flip_k)).sum())
     return {"task": task, "method": method, "queries": len(x_q),
             "accuracy": float((cert.prediction == y_q).mean()),
-            "median_certified": float(np.median(kstar)), "median_ceiling": float(np.median(ceiling)),
+            "median_certified": float(np.median(kstar)),
+            "median_ceiling": float(np.median(ceiling)),
             "not_flipped": int((att.flip_k < 0).sum()), "max_k": top, "violations": violations,
             "retrains": att.n_retrains, "train_certify_s": t_cert, "attack_s": t_att,
             "certified": kstar.tolist(), "flip_k": att.flip_k.tolist()}
@@ -212,7 +213,8 @@ def main() -> None:
             tight = f" (tight {r['median_tight']:g})" if "median_tight" in r else ""
             print(f"| {task} | {method} | {r['accuracy']:.3f} | {r['median_certified']:g}{tight} | "
                   f"{r['median_ceiling']:g} (k <= {r['max_k']}) | "
-                  f"{_ratio(r['median_ceiling'], r['median_certified'])} | {r['not_flipped']} ({r['queries']}) | "
+                  f"{_ratio(r['median_ceiling'], r['median_certified'])} | "
+                  f"{r['not_flipped']} ({r['queries']}) | "
                   f"{r['violations']} | {r['attack_s']:.1f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -7,7 +7,8 @@ blobs) for its heat map; their sum used to be ~49 s with the threshold rule.
 Every measurement runs in a fresh subprocess; repeats are interleaved. Reported: min wall
 time (+ spread = max - min), min CPU time, peak RSS; ratios use the minima of this run.
 
-    python benchmarks/bench_heatmap.py [--repeats 3] [--variants exact,threshold,exact-old,threshold-old]
+    python benchmarks/bench_heatmap.py [--repeats 3]
+                                       [--variants exact,threshold,exact-old,threshold-old]
                                        [--baseline REV] [--variant-data separable]
 """
 

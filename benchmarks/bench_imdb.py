@@ -45,7 +45,8 @@ def measure(n: int, k_values: str, bounds: bool, selection: str, threads: int) -
     x = rng.normal(size=(n, 768)) * 0.5 + (2 * y[:, None] - 1) * 0.05
     ds = Dataset("imdb-like", x, y.astype(np.int64), None, None, 2)
     cfg = config_from_dict(dict(
-        model=[{"linear": {"in": 768, "out": 100}}, {"relu": {}}, {"linear": {"in": 100, "out": 1}}],
+        model=[{"linear": {"in": 768, "out": 100}}, {"relu": {}},
+               {"linear": {"in": 100, "out": 1}}],
         loss="binary_cross_entropy", data={"name": "npz", "path": "unused"}, optimizer="sgdm",
         momentum=0.99, dampening=0.3, learning_rate=0.2, lr_decay=0.5, n_epochs=3,
         batch_size=n, clip_gamma=0.04, k_values=k_values, fragment_size=2000,
@@ -95,7 +96,8 @@ def report(n: int, runs: dict[str, list[dict]]) -> None:
     for v, rs in runs.items():
         n_k = rs[0]["n_k"] if v != "nominal" else 1
         per_k = best[v] / n_k
-        ratio = f"{per_k / best['nominal']:16.2f}" if "nominal" in best and v != "nominal" else " " * 16
+        ratio = (f"{per_k / best['nominal']:16.2f}" if "nominal" in best and v != "nominal"
+                 else " " * 16)
         print(f"  {v:14s} {spread([r['seconds'] for r in rs]):>22s} "
               f"{min(r['cpu'] for r in rs):8.1f} {per_k:8.2f} {ratio} "
               f"{max(r['peak_rss_mb'] for r in rs):13.0f}")

@@ -15,8 +15,9 @@ Tasks (fixed data, seeds and settings; no task is tuned to a method):
                    gamma 0.1, float32, k = 0..30
   digits10_mlp     digits, 10 classes, MLP 64-32-10, CE, full batch, 10 steps, float32, k = 0..30
   imdb_head        generated 768-d "frozen features" (two Gaussian classes, unit noise, class
-                   means +-0.15 per feature; 6000 train, 1000 test), logistic head 768-1, BCE, sgdm (momentum 0.99, dampening 0.3),
-                   3 full-batch steps, gamma 0.04, float32, k = 0..10,20,50,...,1000
+                   means +-0.15 per feature; 6000 train, 1000 test), logistic head 768-1, BCE,
+                   sgdm (momentum 0.99, dampening 0.3), 3 full-batch steps, gamma 0.04, float32,
+                   k = 0..10,20,50,...,1000
   digits10_gd      digits, 10 classes, linear 64-10, CE, plain gradient descent: full batch,
                    30 steps, lr 0.3, clamp inactive (gamma 8), float32, k = 0..30; the
                    declared input domain of "stability" is ||x|| <= 8 (64 pixels in [0, 1])
@@ -38,8 +39,8 @@ Tasks (fixed data, seeds and settings; no task is tuned to a method):
                    (the digits minibatch tasks certify nothing there under either placement)
 
     python benchmarks/bench_tightness.py [--tasks a,b]
-                                         [--methods interval,served-k0,per-epoch,trajectory,stability,stability-ball,stability-clip:C]
-                                         [--json FILE]
+      [--methods interval,served-k0,per-epoch,trajectory,stability,stability-ball,stability-clip:C]
+      [--json FILE]
 
 Method "stability" (agt/stability.py) applies only to a linear head trained by gradient
 descent (full batch or minibatches) without momentum and with an inactive clamp; on the
@@ -49,9 +50,9 @@ beside the balls (``k_boxes: interval``); "stability-ball" is the method's defau
 "trajectory" certifies served-k0 bundles also by agt/trajectory.py's margin bound along
 the training run (linear heads; its certification time includes re-running the interval
 pass). "per-epoch" is served-k0 with ``k_placement: per-epoch`` (agt/placement.py: the
-batches of one epoch hold at most k replaced records together). "stability-clip:C" is stability-ball with every record's gradient norm clipped to C
-(config ``clip_norm``: a different training rule; the rows for several C show the
-accuracy / radius trade-off, no C is picked on the test data).
+batches of one epoch hold at most k replaced records together). "stability-clip:C" is stability-ball
+with every record's gradient norm clipped to C (config ``clip_norm``: a different training rule; the
+rows for several C show the accuracy / radius trade-off, no C is picked on the test data).
 
 The first method is the baseline of the ratios. Digits come from scikit-learn (offline).
 """
@@ -272,7 +273,8 @@ def main() -> None:
                 print(f"{'':16s} {'':10s} min-cost ensemble radius (the default): median k* "
                       f"{mc['median_k']:7.1f}  {fr}", flush=True)
     if len(methods) > 1:
-        print("\n| task | method | median k* | ratio | certified fraction (k) | train s (ratio) | certify s |")
+        print("\n| task | method | median k* | ratio | certified fraction (k) | train s (ratio) "
+              "| certify s |")
         print("|---|---|---|---|---|---|---|")
         base = {r["task"]: r for r in rows if r["method"] == methods[0]}
         for r in rows:
@@ -282,7 +284,8 @@ def main() -> None:
             ratio = _ratio(r["median_k"], b["median_k"])
             fr = ", ".join(f"{v:.2f} ({k})" for k, v in r["fractions"].items())
             print(f"| {r['task']} | {r['method']} | {r['median_k']:g} | {ratio} | {fr} | "
-                  f"{r['train_s']:.2f} ({r['train_s'] / b['train_s']:.2f}x) | {r['certify_s']:.2f} |")
+                  f"{r['train_s']:.2f} ({r['train_s'] / b['train_s']:.2f}x) | "
+                  f"{r['certify_s']:.2f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

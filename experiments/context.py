@@ -33,13 +33,12 @@ from agt.store import Bundle, from_result
 from agt.training import train
 from agt.version import __version__
 from experiments.accuracy import RELATION
+from experiments.pipelines import Prepared, prepare
+from experiments.plan import Plan, display_path
 from mechanisms import ADD_REMOVE, Certified, Guarantee, Votes
 from mechanisms.ensemble import aggregate
 
 ENSEMBLE_SEED_STRIDE = 10_007     # > any ensemble size: teacher seeds never repeat across runs
-
-from experiments.pipelines import Prepared, prepare
-from experiments.plan import Plan, display_path
 
 
 @dataclass
@@ -122,7 +121,8 @@ def dumps(obj: Any, indent: int = 1, level: int = 0) -> str:
 
 
 class Context:
-    def __init__(self, plan: Plan, *, out: str | Path = "artifacts", data_dir: str | Path | None = None,
+    def __init__(self, plan: Plan, *, out: str | Path = "artifacts",
+                 data_dir: str | Path | None = None,
                  seed: int | None = None, progress: bool = False, device: str = "cpu",
                  workers: int = 1, threads: int | None = None):
         self.plan = plan

@@ -149,7 +149,8 @@ def _plot(ctx: Context, s, per_t):
     axes[0][0].set_ylim(-0.02, 1.02)
     axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"{ctx.plan.dataset}: private prediction with T-teacher ensembles "
-                 f"(lines: expected mean over {len(ctx.seeds)} seeds, bands: ± std over seeds){' [quick]' if ctx.plan.quick else ''}",
+                 f"(lines: expected mean over {len(ctx.seeds)} seeds, bands: ± std over seeds)"
+                 f"{' [quick]' if ctx.plan.quick else ''}",
                  fontsize=10)
     fig.tight_layout()
     return save(fig, ctx.experiment_dir(NAME) / "accuracy_vs_teachers.png")

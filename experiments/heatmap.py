@@ -87,7 +87,8 @@ def run(ctx: Context) -> Outcome:
                         "axis": axis, "layout": "grid_radius[i][j] is the point "
                                                 "(x1 = axis[j], x2 = axis[i])"},
                "panels": panels,
-               "notes": f"bound = exp(-beta r), beta = {beta:.6g} ({s.noise}, eps = {s.epsilon:g}); "
+               "notes": f"bound = exp(-beta r), beta = {beta:.6g} "
+                        f"({s.noise}, eps = {s.epsilon:g}); "
                         f"radius r = largest certified k of the contiguous k grid"}
     rows = [[p["variant"], p["description"], f"{p['test_accuracy']:.4f}",
              f"0..{p['k_values'][1]}", f"{p['test_radius_mean']:.1f}",

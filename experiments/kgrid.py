@@ -127,7 +127,8 @@ def run(ctx: Context) -> Outcome:
     ctx.write_results(NAME, {"results": results, "seconds": time.perf_counter() - t0})
     pick = [n for n in (1, 5, 10, 20) if n in sizes] or sizes[:1]
     headline = (f"mean bound at eps={e0:g}, linear grid (index r): "
-                + ", ".join(f"n={n} {curves['linear'][sizes.index(n)]['smooth_bound_mean'][str(e0)]:.2g}"
+                + ", ".join(f"n={n} "
+                            f"{curves['linear'][sizes.index(n)]['smooth_bound_mean'][str(e0)]:.2g}"
                             for n in pick)
                 + f"; full grid ({L - 1} values) {full['smooth_bound_mean'][str(e0)]:.2g}")
     return Outcome(NAME, headline, time.perf_counter() - t0, [str(p) for p in files])

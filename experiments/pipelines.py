@@ -157,7 +157,8 @@ def pretrain_octmnist(cfg: TrainConfig, private: Dataset, plan: Plan, base: Path
     public = subsample_train(public, p.max_public, cfg.seed)
     if len(np.unique(public.y_train)) < 2:
         raise DataError(f"the OctMNIST public split has one class only after excluding the "
-                        f"{private.n_train} private records ({public.meta.get('train_class_counts')});"
+                        f"{private.n_train} private records "
+                        f"({public.meta.get('train_class_counts')});"
                         f" the file has too few normal images for both sets")
     spec = cfg.model.with_input_shape(public.feature_shape)
     model = spec.build(torch.float32)

@@ -21,9 +21,11 @@ STYLE = {
     "ens-ptr": {"color": "tab:orange", "label": "PTR (no answer counts as wrong)"},
     "ens-ptr-gs": {"color": "tab:purple", "label": "PTR, GS fallback (paper)"},
     "exp-radius": {"color": "tab:brown", "label": "exponential mechanism on the radius"},
-    "ptr": {"color": "tab:orange", "linestyle": ":", "label": "PTR on the radius (no answer = wrong)"},
+    "ptr": {"color": "tab:orange", "linestyle": ":",
+            "label": "PTR on the radius (no answer = wrong)"},
     "svt": {"color": "tab:cyan", "label": "stability-gated session (sparse vector)"},
-    "ens-exp-radius": {"color": "tab:brown", "label": "exponential mechanism on the ensemble radius"},
+    "ens-exp-radius": {"color": "tab:brown",
+                       "label": "exponential mechanism on the ensemble radius"},
     "ens-svt": {"color": "tab:cyan", "label": "stability-gated session on the ensemble radius"},
     "dp-sgd": {"color": "black", "linestyle": "-.", "label": "DP-SGD (private training)"},
 }

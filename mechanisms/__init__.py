@@ -33,12 +33,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:          # for type checkers and the API reference; not run
-    from mechanisms.base import (MECHANISMS, REFUSED, Mechanism, make_mechanism,
-                                 mechanism_names)
+    from mechanisms.base import MECHANISMS, REFUSED, Mechanism, make_mechanism, mechanism_names
     from mechanisms.guarantee import ADD_REMOVE, RELATIONS, REPLACE_ONE, Guarantee
     from mechanisms.inputs import Certified, Source, Votes
-    from mechanisms.ledger import (Ledger, LedgerEntry, Release, default_ledger_path,
-                                   hash_query)
+    from mechanisms.ledger import Ledger, LedgerEntry, Release, default_ledger_path, hash_query
 
 #: public name -> the module that defines it
 _LAZY = {

@@ -34,7 +34,8 @@ from mechanisms.guarantee import RELATIONS, Guarantee, check_relation
 from mechanisms.inputs import Certified, Votes
 from mechanisms.noise import REFUSED
 
-__all__ = ["Mechanism", "REFUSED", "MECHANISMS", "Entry", "register", "make_mechanism",
+__all__ = ["Mechanism", "REFUSED", "MECHANISMS", "Entry", "MechanismInfo", "register",
+           "make_mechanism", "describe_registry", "load_registry",
            "mechanism_names"]
 
 
@@ -96,10 +97,10 @@ class Mechanism(ABC):
                 problems.add(
                     f"{self.name} needs radii with r(D') >= r(D) - 1 on neighbours, which "
                     f"the bounds behind these inputs do not prove (selection rule "
-                    f"'{inputs.source.selection}'; or trained by agt < 0.3.6, or with "
-                    f"k_placement: per-epoch by agt < 0.3.8, whose interval passes were not "
-                    f"graded); retrain with this agt and selection: exact (or use a "
-                    f"mechanism that spends no radii: gs, lnmax, ens-ptr-votes)")
+                    f"'{inputs.source.selection}', or an agt version whose interval passes "
+                    f"were not graded yet: agt inspect says which); retrain with this agt and "
+                    f"selection: exact (or use a mechanism that spends no radii: gs, lnmax, "
+                    f"ens-ptr-votes)")
         problems.raise_if_any()
 
     def guarantee_for(self, inputs, relation: str) -> Guarantee:
@@ -182,6 +183,37 @@ def register(name: str, *, inputs: type, needs_delta: bool, summary: str):
 def mechanism_names(inputs: type | None = None) -> tuple[str, ...]:
     """Registered names, optionally only those releasing `inputs` (Certified or Votes)."""
     return tuple(n for n, e in load_registry().items() if inputs is None or e.inputs is inputs)
+
+
+@dataclass(frozen=True)
+class MechanismInfo:
+    """What a registered mechanism is, read off the mechanism itself (the docs' mechanism
+    table is generated from these, so it cannot drift from the code)."""
+
+    name: str
+    inputs: str             # the input type's name: Certified, Votes, LinearModel, ...
+    pure: bool              # eps-DP (no delta)
+    per_query: bool         # one guarantee per query; False: one for the whole release
+    max_classes: int | None
+    spends_radii: bool      # needs radii with a smoothness proof
+    any_relation: bool      # needs no certificate: its guarantee holds under every relation
+    summary: str
+    cls: str                # module.Class of the mechanism object
+
+
+def describe_registry() -> list[MechanismInfo]:
+    """One `MechanismInfo` per registered mechanism, in the registry's order. The properties
+    are those of an instance built at a nominal epsilon (and delta), since some depend on
+    the factory's options (a session or not)."""
+    rows = []
+    for name, entry in load_registry().items():
+        mech = make_mechanism(name, 1.0, 1e-6 if entry.needs_delta else None)
+        rows.append(MechanismInfo(
+            name=name, inputs=entry.inputs.__name__, pure=not entry.needs_delta,
+            per_query=mech.per_query, max_classes=mech.max_classes,
+            spends_radii=mech.uses_radii, any_relation=mech.relation_free,
+            summary=entry.summary, cls=f"{type(mech).__module__}.{type(mech).__name__}"))
+    return rows
 
 
 def make_mechanism(name: str, epsilon: float, delta: float | None = None,

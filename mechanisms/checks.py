@@ -21,7 +21,8 @@ def privacy_problems(where: str = "") -> Problems:
 
 
 def is_real(x: object) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+    return (isinstance(x, (int, float, np.integer, np.floating))
+            and not isinstance(x, (bool, np.bool_)))
 
 
 # Above this an epsilon promises nothing, and noise scales such as 6 S / eps would leave the

@@ -136,7 +136,7 @@ def sample_norm_noise(m: int, d: int, beta: float, rng: np.random.Generator
 def gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
     """The exact delta of the Gaussian mechanism (Balle & Wang 2018, Thm 8):
     Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D)."""
-    from scipy.special import log_ndtr, ndtr    # heavy; loaded only when calibrating
+    from scipy.special import log_ndtr, ndtr  # heavy; loaded only when calibrating
 
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
@@ -258,7 +258,8 @@ class ModelSensitivity(_Convex):
                  if self.gaussian else "noise with density ~ exp(-beta ||B||_F), beta = "
                  "eps / sensitivity")
         return Guarantee(float(self.epsilon), float(self.delta or 0.0), relation, self.name,
-                         f"model sensitivity (van der Maaten-Hannun Alg. {3 if self.gaussian else 1}"
+                         f"model sensitivity (van der Maaten-Hannun Alg. "
+                         f"{3 if self.gaussian else 1}"
                          f"): the weights plus {noise}; labels of every query are "
                          f"post-processing of one noisy model")
 

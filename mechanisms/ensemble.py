@@ -472,7 +472,8 @@ class DworkFeldman(Mechanism):
 
 
 register("df-exp", inputs=Votes, needs_delta=False,
-         summary="Dwork-Feldman exponential mechanism on the votes, beta = eps/2, eps-DP per query")(
+         summary="Dwork-Feldman exponential mechanism on the votes, beta = eps/2, "
+                 "eps-DP per query")(
     partial(DworkFeldman, session=False))
 register("df-exp-zcdp", inputs=Votes, needs_delta=True,
          summary="Dwork-Feldman exponential mechanism, one zCDP-composed (eps, delta) session")(

@@ -134,7 +134,7 @@ def minimum_rho(epsilon: float, n_classes: int, n_train: int, lam: float) -> flo
 
 def chi_quantile(n_classes: int, delta: float) -> float:
     """q with P(chi_{C-1} > q) = delta / 2 (the union over the two changed records)."""
-    from scipy.stats import chi      # heavy; loaded only when a loss perturbation is built
+    from scipy.stats import chi  # heavy; loaded only when a loss perturbation is built
 
     return float(chi(_rank(n_classes)).isf(delta / 2.0))
 

@@ -11,8 +11,9 @@ exact selection rule; the mechanism refuses radii without that proof, base.py), 
 max(r, 0) keeps that property. Release
     label = 1[ f + noise > 1/2 ]
 with noise calibrated as in AGT Cor. 5.2 / NRS Sec. 2 (admissible noise distributions):
-  * Laplace, (eps, delta)-DP:  beta = ln(1 + eps / (2 ln(2/delta))) (the papers' eps / (2 ln(2/delta))
-                               to first order; `smooth_beta`),  noise ~ Laplace(2 S / eps);
+  * Laplace, (eps, delta)-DP:  beta = ln(1 + eps / (2 ln(2/delta))) (the papers'
+                               eps / (2 ln(2/delta)) to first order; `smooth_beta`),
+                               noise ~ Laplace(2 S / eps);
   * Cauchy,  eps-DP:           beta = eps / 6,                noise ~ (6 S / eps) * Cauchy(0, 1).
 The guarantee holds under the relations the radii are certified under. With r <= 0, S = 1 and
 the noise is at least the global-sensitivity noise (global_sens.py).
@@ -81,12 +82,12 @@ def smooth_beta(epsilon: float, delta: float | None, noise: NoiseKind) -> float:
     e^lambda exp(|z| (e^|lambda| - 1)) <= exp(|z| (e^beta - 1)), at most e^(eps/2) for
     |z| <= (eps / 2) / (e^beta - 1) =: t (for lambda >= 0 it is at most e^beta, so beta <=
     eps / 2 is needed too, which binds only for delta > 2/e); the rest has probability
-    P(|Z| > t) = e^-t, which must be <= delta / 2, so e^beta - 1 <= eps / (2 ln(2/delta)). NRS (and the AGT paper) state beta = eps /
-    (2 ln(2/delta)), which satisfies this only to first order: an adversarial review found
-    the binary release above (eps, delta) at eps = 46.9-52.5 for delta = 1e-6 (beta = 1.65-
-    1.83), and at eps 91-108 for delta = 1e-12. The log1p form is exact; it is 2 % below the
-    papers' value at eps = 1, delta = 1e-5, and 0.02 % below at eps = 0.01; the float is
-    rounded down by 2^-47 relative, beyond the rounding errors of its evaluation."""
+    P(|Z| > t) = e^-t, which must be <= delta / 2, so e^beta - 1 <= eps / (2 ln(2/delta)). NRS (and
+    the AGT paper) state beta = eps / (2 ln(2/delta)), which satisfies this only to first order: an
+    adversarial review found the binary release above (eps, delta) at eps = 46.9-52.5 for
+    delta = 1e-6 (beta = 1.65-1.83), and at eps 91-108 for delta = 1e-12. The log1p form is exact;
+    it is 2 % below the papers' value at eps = 1, delta = 1e-5, and 0.02 % below at eps = 0.01; the
+    float is rounded down by 2^-47 relative, beyond the rounding errors of its evaluation."""
     problems = privacy_problems()
     _check_params(epsilon, delta, noise, problems)
     problems.raise_if_any()
@@ -226,7 +227,7 @@ class SmoothArgmax(Mechanism):
     Sampling: C = 2 draws the binary release's exact law; for C > 2 the argmax is decided
     exactly from lazily realised Cauchy noises (`mechanisms.exact.cauchy_argmax`: each Z_j is
     only compared with rational points, through rigorous enclosures of its distribution
-    function), so the released label has exactly the continuous law above (since 0.3.4).
+    function), so the released label has exactly the continuous law above.
     """
 
     epsilon: float

@@ -43,7 +43,8 @@ def images(n: int, seed: int = 0) -> Dataset:
 
 def config(model, loss="cross_entropy", **kw):
     base = dict(model=model, loss=loss, data={"name": "blobs"}, learning_rate=0.5,
-                lr_decay=0.1, clip_gamma=0.5, n_epochs=2, batch_size="full", k_values=[0, 1, 2, 4, 8],
+                lr_decay=0.1, clip_gamma=0.5, n_epochs=2, batch_size="full",
+                k_values=[0, 1, 2, 4, 8],
                 dtype="float64", device="cpu")
     base.update(kw)
     return config_from_dict(base)

@@ -194,6 +194,16 @@ def test_the_public_names_resolve_lazily():
     assert len(mechanisms.MECHANISMS) >= 20
 
 
+def test_loading_the_certify_module_keeps_the_certify_function():
+    """``agt.certify`` is the public function; the import system would set the submodule of
+    the same name on the package when it first loads (lazily, after the function exists)."""
+    code = ("import agt, types\n"
+            "import agt.certify\n"
+            "from agt.certify import Certifier\n"
+            "print(type(agt.certify).__name__, agt.Certifier is Certifier)")
+    assert _run_python(code) == "function True"
+
+
 #: what no file of the repository may name: the team's notes and papers live beside it, not
 #: in it, so a user who followed such a reference would find nothing
 OUTSIDE = re.compile(r"DESIGN\.md|STYLE\.md|DEVELOPERS\.md|\.\./shared|shared/reference|"

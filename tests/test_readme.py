@@ -1,5 +1,7 @@
-"""The README's Python snippet runs exactly as printed, and the README starts with the two
-commands (install and run the main job; install and run the tests) that CI runs."""
+"""The README is a short signpost: its Python snippet runs exactly as printed (and is the
+quick start of the docs, word for word), it starts with the two commands (install and run
+the main job; install and run the tests) that CI runs, it stays short and holds no history,
+and every link in it leads to a file of the repository."""
 
 from __future__ import annotations
 
@@ -28,3 +30,22 @@ def test_the_two_commands_come_first_and_ci_runs_the_test_command():
     assert "pip install" in tests and "pytest" in tests
     ci = (ROOT / ".ci" / "run").read_text()
     assert tests.strip() in ci
+
+
+def test_the_quick_start_is_one_text():
+    """The README's snippet and the docs' quick start are the same code (one of them drifted
+    before)."""
+    code = re.search(r"```python\n(.*?)```", README.split("## Python use", 1)[1], re.S).group(1)
+    assert code in (ROOT / "docs" / "getting-started.md").read_text()
+
+
+def test_the_readme_is_a_short_signpost():
+    assert len(README.splitlines()) <= 200
+    for history in (r"since 0\.\d", r"before 0\.\d", r"review found", r"issue \d+", r"\(0\.\d\.\d"):
+        assert not re.search(history, README), history
+
+
+def test_every_readme_link_leads_to_a_file():
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README):
+        if "://" not in target:
+            assert (ROOT / target).is_file(), target

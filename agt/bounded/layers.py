@@ -52,7 +52,8 @@ class GradSource:
     samples_last_fn: Callable[[int, int], object] | None = None
 
     @staticmethod
-    def bounds(n_rows: int, row_size: int, samples_last: Callable[[int, int], Interval]) -> "GradSource":
+    def bounds(n_rows: int, row_size: int,
+               samples_last: Callable[[int, int], Interval]) -> "GradSource":
         def fn(start, stop):
             return samples_last(start, stop).map(lambda t: t.transpose(-1, -2))
         return GradSource(n_rows, row_size, fn, samples_last)
@@ -128,7 +129,8 @@ class LinearRule:
 
         sources = {"weight": GradSource.bounds(out_f, in_f, weight)}
         if "bias" in p:
-            bias_grad = iv.to_dtype_outward(delta, cdtype).map(lambda t: t.transpose(1, 2).contiguous())
+            bias_grad = iv.to_dtype_outward(delta, cdtype).map(
+                lambda t: t.transpose(1, 2).contiguous())
             sources["bias"] = GradSource.bounds(out_f, 1, lambda s, e: bias_grad[:, s:e])
         return grad_in, sources
 

@@ -16,13 +16,17 @@ def run(args) -> int:
 
     b = read_bundle(args.bundle)
     print(f"bundle: {b.path}")
-    print(f"  agt_version {b.agt_version}, created {b.created}, dtype {b.dtype}, n_train {b.n_train}")
+    print(f"  agt_version {b.agt_version}, created {b.created}, dtype {b.dtype}, "
+          f"n_train {b.n_train}")
     print(f"  dataset_sha256 {b.dataset_sha256}")
     if b.parent:
         print(f"  teacher {b.parent['teacher']} of {b.parent['n_teachers']} "
               f"({b.parent['partition']}) of dataset {b.parent['dataset_sha256']}")
     print(f"  relations: {', '.join(b.relations)}")
-    print(f"  selection: {b.selection}, bound_method: {b.bound_method} ({'nesting proof: radii are smooth' if b.smooth_radii else 'no nesting proof: radii may not feed smooth releases'})")
+    print(f"  selection: {b.selection}, bound_method: {b.bound_method} ("
+          + ("nesting proof: radii are smooth" if b.smooth_radii
+             else "no nesting proof: radii may not feed smooth releases")
+          + ")")
     print(f"  k_values: {b.k_grid.describe()}")
     print(f"  model: {b.spec.to_json()}")
     cfg = b.config

@@ -52,14 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     apply_recommended_environment()
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    # first, so that a SIGTERM at any later moment (a loaded machine may deliver it while
+    # the parser still imports) ends in the cleanup below, never in the default action
     previous = signal.getsignal(signal.SIGTERM)
     try:
         signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:          # not the main thread: leave signals alone
         previous = None
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except AGTError as exc:
         print(f"agt: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",

@@ -83,7 +83,8 @@ def run(args) -> int:
         raise ConfigError(f"{args.config} has no data section; give --data FILE.npz")
     stem = Path(args.config).stem
     if args.ensemble:
-        out = Path(args.out) if args.out else Path("artifacts") / "ensembles" / f"{stem}_T{args.ensemble}"
+        out = (Path(args.out) if args.out
+               else Path("artifacts") / "ensembles" / f"{stem}_T{args.ensemble}")
         if out.suffix == ".h5" or (out.exists() and not out.is_dir()):
             raise ConfigError(f"an ensemble is written as a directory; give --out DIR, not "
                               f"{out.name}")

@@ -32,7 +32,8 @@ def blobs_features(points_2d: np.ndarray, features: str = "cubic") -> np.ndarray
     The blobs loader uses this function, so heat maps over the input plane match training.
     """
     if features not in _BLOBS_FEATURES:
-        raise ConfigError(f"blobs features must be one of {', '.join(_BLOBS_FEATURES)}, got {features!r}")
+        raise ConfigError(f"blobs features must be one of {', '.join(_BLOBS_FEATURES)}, "
+                          f"got {features!r}")
     p = np.asarray(points_2d, dtype=np.float64)
     if p.ndim != 2 or p.shape[1] != 2:
         raise DataError(f"blobs points must have shape (m, 2), got {p.shape}")

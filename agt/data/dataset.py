@@ -125,7 +125,8 @@ def validate_dataset(ds: Dataset) -> Dataset:
             problems.add(f"x_{split} must be float64, got {x.dtype}")
         elif (bad := first_nonfinite_record(x)) is not None:
             problems.add(f"x_{split} has a NaN or infinite value in record {bad}")
-        if split == "test" and isinstance(ds.x_train, np.ndarray) and ds.x_train.ndim >= 2 and x.shape[1:] != ds.x_train.shape[1:]:
+        if (split == "test" and isinstance(ds.x_train, np.ndarray) and ds.x_train.ndim >= 2
+                and x.shape[1:] != ds.x_train.shape[1:]):
             problems.add(
                 f"x_test has feature shape {tuple(x.shape[1:])} but x_train has "
                 f"{tuple(ds.x_train.shape[1:])}")
@@ -140,7 +141,8 @@ def validate_dataset(ds: Dataset) -> Dataset:
             problems.add(f"y_{split} must be int64, got {y.dtype}")
             continue
         if y.shape[0] != x.shape[0]:
-            problems.add(f"x_{split} has {x.shape[0]} records but y_{split} has {y.shape[0]} labels")
+            problems.add(f"x_{split} has {x.shape[0]} records but y_{split} has "
+                         f"{y.shape[0]} labels")
         if y.size and isinstance(ds.n_classes, (int, np.integer)):
             out = np.flatnonzero((y < 0) | (y >= ds.n_classes))
             if out.size:

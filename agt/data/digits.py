@@ -24,7 +24,8 @@ Tasks (option ``task``):
 digits split (option ``test_fraction``, default 0.2, and ``seed``, default 0): the test
 records are round(n * test_fraction) indices drawn by ``numpy.random.default_rng(seed)``
 *after* the task's selection; the training split is every other record in file order (record
-order matters for AGT: batches are a function of the record index). mnist keeps the file's own train/test split.
+order matters for AGT: batches are a function of the record index). mnist keeps the file's own
+train/test split.
 ``max_train`` (both): keep that many training records, chosen by the same seeded generator,
 in file order.
 

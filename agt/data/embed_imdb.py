@@ -65,7 +65,8 @@ def embed(texts: list[str], tokenizer, model, batch_size: int = 16, max_tokens: 
     return np.concatenate(out)
 
 
-def split_and_save(x: np.ndarray, y: np.ndarray, out: Path, test_fraction: float, seed: int) -> Path:
+def split_and_save(x: np.ndarray, y: np.ndarray, out: Path, test_fraction: float,
+                   seed: int) -> Path:
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(y))
     n_test = int(round(len(y) * test_fraction))
@@ -78,7 +79,8 @@ def split_and_save(x: np.ndarray, y: np.ndarray, out: Path, test_fraction: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agt.data.embed_imdb", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m agt.data.embed_imdb",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--reviews", required=True, help="the aclImdb folder")
     ap.add_argument("--out", required=True, help="output imdb_embeddings.npz")
     ap.add_argument("--model", default="gpt2", help="transformers model name or local directory")
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from transformers import AutoModel, AutoTokenizer
         except ImportError:
-            raise DataError('embedding needs transformers: pip install -e ".[embeddings]"') from None
+            raise DataError(
+                'embedding needs transformers: pip install -e ".[embeddings]"') from None
         texts, labels = read_reviews(args.reviews)
         rng = np.random.default_rng(args.seed)
         keep = np.sort(rng.permutation(len(texts))[:args.max_reviews])

@@ -49,7 +49,8 @@ def _read_split(f: NpzArchive, split: str) -> tuple[np.ndarray, np.ndarray]:
     labels = as_labels(f.get(f"{split}_labels"), f"{f.path.name}:{split}_labels")
     if images.ndim != 3:
         raise DataError(
-            f"{f.path.name}:{split}_images must have shape (N, H, W) (grayscale), got {images.shape}")
+            f"{f.path.name}:{split}_images must have shape (N, H, W) (grayscale), "
+            f"got {images.shape}")
     if images.dtype.kind not in "biuf":
         raise DataError(f"{f.path.name}:{split}_images must hold numbers, got dtype {images.dtype}")
     check_pair(images, labels, f"{f.path.name} ({split}_images, {split}_labels)")

@@ -184,6 +184,11 @@ class NpzArchive:
                 f"{self.path} has no array '{key}'; keys present: {', '.join(self.keys) or 'none'}")
         try:
             return self.npz[key]
+        except ValueError:
+            # an object (pickled) array: reading it would run code from the file
+            raise DataError(f"array '{key}' of {self.path} holds Python objects (a pickled "
+                            f"array), which are not read; save numbers with numpy.savez"
+                            ) from None
         except (OSError, zipfile.BadZipFile, EOFError) as exc:
             raise DataError(f"cannot read array '{key}' from {self.path}: {exc}") from None
 

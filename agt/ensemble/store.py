@@ -111,7 +111,8 @@ def _manifest_problems(m: Any) -> list[str]:
     if not isinstance(m, dict):
         return [f"the manifest must be a JSON object, got {type(m).__name__}"]
     if m.get("format") != FORMAT:
-        return [f"not an agt ensemble manifest (format is {m.get('format')!r}, expected {FORMAT!r})"]
+        return [f"not an agt ensemble manifest (format is {m.get('format')!r}, "
+                f"expected {FORMAT!r})"]
     if m.get("format_version") != FORMAT_VERSION:
         return [f"format_version {m.get('format_version')!r} is not supported (this agt reads "
                 f"version {FORMAT_VERSION})"]

@@ -79,7 +79,8 @@ def train_ensemble(cfg: TrainConfig, ds: Dataset, n_teachers: int, *,
     entries, bundles = [], []
     for t, (bundle, seconds) in enumerate(report.results):
         bundles.append(bundle)
-        entries.append({"index": t, "file": f"teacher_{t:03d}.h5", "seed": teacher_seed(cfg.seed, t),
+        entries.append({"index": t, "file": f"teacher_{t:03d}.h5",
+                        "seed": teacher_seed(cfg.seed, t),
                         "n_train": bundle.n_train, "dataset_sha256": bundle.dataset_sha256,
                         "bundle_id": bundle.bundle_id, "relations": list(bundle.relations),
                         "seconds": round(seconds, 6)})

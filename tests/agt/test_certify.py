@@ -148,7 +148,8 @@ def test_served_model_must_match_bundle():
 
 
 @pytest.mark.parametrize("model,loss,data,leaks", [
-    (LOGISTIC_CE, "cross_entropy", "blobs", False), (MLP_BCE, "binary_cross_entropy", "blobs", True),
+    (LOGISTIC_CE, "cross_entropy", "blobs", False),
+    (MLP_BCE, "binary_cross_entropy", "blobs", True),
     (MLP, "cross_entropy", "blobs", True), (CONV, "cross_entropy", "images", None)])
 def test_box_test_is_isotone_in_the_box_when_graded(model, loss, data, leaks):
     """The certifier's margin bound on a sub-box tested at k - 1 is at least the box's at
@@ -191,16 +192,18 @@ def test_box_test_is_isotone_in_the_box_when_graded(model, loss, data, leaks):
 
 
 def test_bundles_without_graded_passes_claim_no_smooth_radii():
-    """Bundles of agt < 0.3.6 were trained with ungraded interval passes: their boxes are
+    """Bundles written before agt.config.GRADED_SINCE ran ungraded interval passes: their boxes are
     valid, their computed nesting is not proven, so releases that spend radii refuse them
     (with the reason); ball boxes (no interval pass) keep their own proof."""
     import dataclasses
     ds = blobs(120, seed=4)
     b = bundle_for(LOGISTIC_CE, "cross_entropy", ds, n_epochs=1, k_values="0..3")
     assert b.smooth_radii and b.graded_boxes
-    old = dataclasses.replace(b, agt_version="0.3.5")
+    from agt.config import GRADED_SINCE
+    before = GRADED_SINCE[:2] + (GRADED_SINCE[2] - 1,)
+    old = dataclasses.replace(b, agt_version=".".join(map(str, before)))
     assert not old.smooth_radii and not old.graded_boxes
     assert dataclasses.replace(b, agt_version="0.10.0").smooth_radii
-    assert_radius_releases_refuse(old, ds.x_test, "agt < 0.3.6")
+    assert_radius_releases_refuse(old, ds.x_test, "interval passes were not graded")
     ball = dataclasses.replace(old, config={**old.config, "k_boxes": "ball"})
     assert ball.graded_boxes

@@ -172,7 +172,8 @@ def test_neighbour_touches_one_teacher_and_radii_drop_by_at_most_one(data, ensem
     ens2 = train_ensemble(cfg(), neighbour, T)
     touched = teacher_of(index, T)
     for t, (b1, b2) in enumerate(zip(ensemble.bundles, ens2.bundles)):
-        same = all(torch.equal(b1.nominal[n], b2.nominal[n]) and torch.equal(b1.lower[n], b2.lower[n])
+        same = all(torch.equal(b1.nominal[n], b2.nominal[n])
+                   and torch.equal(b1.lower[n], b2.lower[n])
                    and torch.equal(b1.upper[n], b2.upper[n]) for n in b1.nominal)
         assert same == (t != touched), f"teacher {t}"
     c1 = certificate

@@ -75,8 +75,8 @@ def make_box(gen: torch.Generator, shape, kind: str, exp: int, dtype: torch.dtyp
         ]
         lo = torch.zeros(shape, dtype=F64)
         hi = torch.zeros(shape, dtype=F64)
-        for i, (l, h) in enumerate(options):
-            lo = torch.where(pick == i, l, lo)
+        for i, (low, h) in enumerate(options):
+            lo = torch.where(pick == i, low, lo)
             hi = torch.where(pick == i, h, hi)
     else:
         lo, hi = choices[kind]
@@ -263,7 +263,8 @@ def test_midrad_encloses_box(seed, shape, kind, exp):
     assert bool((rad >= 0).all())
     m, r = frac(mid), frac(rad)
     lo, hi = frac(box.lo), frac(box.hi)
-    ok = np.vectorize(lambda mm, rr, l, h: mm - rr <= l and h <= mm + rr, otypes=[bool])(m, r, lo, hi)
+    ok = np.vectorize(lambda mm, rr, low, h: mm - rr <= low and h <= mm + rr,
+                      otypes=[bool])(m, r, lo, hi)
     assert ok.all()
 
 

@@ -118,7 +118,8 @@ def test_ray_reruns_a_crashed_worker_and_raises_user_errors_once(ray_local, tmp_
     (tmp_path / "crash").mkdir()
     report = run_tasks(tasks.crash_once, str(tmp_path / "crash"), 4, RAY)
     assert report.results == [0, 1, 4, 9]
-    assert [r.index for r in report.reruns] == [1] and "WorkerCrashedError" in report.reruns[0].reason
+    assert ([r.index for r in report.reruns] == [1]
+            and "WorkerCrashedError" in report.reruns[0].reason)
     (tmp_path / "user").mkdir()
     with pytest.raises(ConfigError, match="teacher 2 cannot run"):
         run_tasks(tasks.user_error, str(tmp_path / "user"), 4, RAY, retries=3)

@@ -2,7 +2,7 @@
 model itself; the boxes of k >= 1 are the interval boxes.
 
 Falsification at k = 0 (retraining on D reproduces a point of the box, float32, many
-full-batch steps), the goal of issue 12 (k = 0 certifies after 10+ float32 steps where the
+full-batch steps), the goal behind the method (k = 0 certifies after 10+ float32 steps where the
 interval box fails), "no looser anywhere" (k >= 1 bitwise equal, k = 0 inside the interval
 box), neighbour smoothness in float32, a weakened box that the falsification test catches,
 and the bundle attribute.
@@ -25,7 +25,7 @@ from agt.training import train, train_nominal
 from tests.agt.test_training import perturb
 from tests.helpers import MLP_BCE, blobs, config, inside, restamp
 
-#: a share of queries that float rounding alone must not take from k = 0 (issue 12)
+#: a share of queries that float rounding alone must not take from k = 0
 K0_GOAL = 0.99
 
 
@@ -40,7 +40,7 @@ def gaussian_classes(n: int, n_test: int, dim: int, n_classes: int, seed: int) -
 
 def long_float32(**kw):
     """10-class linear model, 12 full-batch float32 steps with a large step: the setting in
-    which float32 rounding empties the interval method's k = 0 certificates (issue 12)."""
+    which float32 rounding empties the interval method's k = 0 certificates."""
     ds = gaussian_classes(600, 200, 32, 10, seed=40)
     cfg = config([{"linear": {"in": 32, "out": 10}}], "cross_entropy", learning_rate=2.0,
                  lr_decay=0.0, clip_gamma=0.1, n_epochs=12, batch_size="full",

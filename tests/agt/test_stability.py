@@ -397,7 +397,7 @@ def test_neighbour_nesting_and_smooth_radii(batch, k_boxes):
 
 def test_certifies_where_the_interval_boxes_do_not():
     """Many gradient steps: the k >= 1 boxes certify nothing, the balls certify most queries
-    at k = 1 (the regime issue 12 names)."""
+    at k = 1."""
     ds = ball_data(300, 200, 8, 3, seed=9)
     cfg = head(8, 3, dtype="float32", n_epochs=30, learning_rate=0.5, k_boxes="interval")
     res = train(cfg, ds)
@@ -662,7 +662,8 @@ BINARY = dict(model=[{"linear": {"in": 4, "out": 1}}], loss="binary_cross_entrop
     (dict(clip_norm=0.5, **BINARY, k_boxes="interval"), "clip_norm needs k_boxes: ball"),
     (dict(clip_norm=0.5, **BINARY, clip_gamma=0.4), "clip_gamma >= 0.5"),
     (dict(clip_norm=0.5, loss="binary_cross_entropy", clip_gamma=0.2, input_norm_bound=0.3,
-          model=[{"linear": {"in": 4, "out": 1, "bias": False}}]), r"clip_gamma >= 0.3 \(input_norm_bound\)"),
+          model=[{"linear": {"in": 4, "out": 1, "bias": False}}]),
+     r"clip_gamma >= 0.3 \(input_norm_bound\)"),
     (dict(clip_norm=0.5, **BINARY, bound_method="served-k0", input_norm_bound=None),
      "supported only under bound_method: stability"),
     (dict(clip_norm=0.0, **BINARY), "clip_norm"),

@@ -1,6 +1,7 @@
 """IEEE products and deterministic kernels while training and certifying (agt.tensors.
-strict_kernels). CUDA itself cannot run here; the switches it flips can, and so can the
-check that every entry point runs under them."""
+strict_kernels). The switches it flips for CUDA are checked on any machine, and so is the
+check that every entry point runs under them; with a GPU (benchmarks/gpu_check.py), the
+"cuda" cases run on it and tests/agt/test_cuda.py adds the CUDA code path itself."""
 
 from __future__ import annotations
 
@@ -121,7 +122,10 @@ def test_concurrent_trainings_both_run_strict_and_the_last_restores():
     with lax_switches() as lax:
         a = threading.Thread(target=lambda: (run(hold, 1), first_done.set()))
         b = threading.Thread(target=lambda: run(watch, 4))
-        a.start(); b.start(); a.join(); b.join()
+        a.start()
+        b.start()
+        a.join()
+        b.join()
         assert switches() == lax
     assert first_done.is_set() and len(seen["b"]) == 4
     assert all(s == IEEE for s in seen["a"] + seen["b"])

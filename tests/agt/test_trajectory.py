@@ -67,7 +67,8 @@ def test_tighter_where_the_boxes_wrap():
     assert np.median(traj.max_certified_k) >= 2 * (np.median(box.max_certified_k) + 1)
 
 
-@pytest.mark.parametrize("name", ["interval-ce-3-steps-f32", "interval-sgdm-l2-f32", "interval-nesterov-minibatch"])
+@pytest.mark.parametrize("name", ["interval-ce-3-steps-f32", "interval-sgdm-l2-f32",
+                                  "interval-nesterov-minibatch"])
 def test_retrained_neighbours_keep_certified_predictions(name):
     cfg, ds, bundle, box, traj, flips = certified(name)
     dtype = torch.float32 if cfg.dtype == "float32" else torch.float64
@@ -83,7 +84,8 @@ def test_retrained_neighbours_keep_certified_predictions(name):
     assert trials == 16
 
 
-@pytest.mark.parametrize("name,kind", [("interval-ce-3-steps-f32", "random"), ("interval-ce-3-steps-f32", "flip"),
+@pytest.mark.parametrize("name,kind", [("interval-ce-3-steps-f32", "random"),
+                                       ("interval-ce-3-steps-f32", "flip"),
                                        ("served-k0-minibatch-f32", "adversarial"),
                                        ("interval-nesterov-minibatch", "random")])
 def test_radii_of_neighbours_differ_by_at_most_one(name, kind):

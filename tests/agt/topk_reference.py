@@ -1,6 +1,6 @@
-"""The exact top-k rule as it was before issue 11 (torch.topk merges, a cat per fragment,
+"""The exact top-k rule in its first form (torch.topk merges, a cat per fragment,
 one buffer of the group's largest k for every box): kept as a test oracle for agt/topk.py
-(only its rounding allowance follows the package's: per k since 0.3.2). Not used by the
+(only its rounding allowance follows the package's: per k). Not used by the
 package."""
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ class ReferenceDescentAccumulator:
     def samples_seen(self, n: int) -> None:
         self.count += n
 
-    def bounds(self, k: torch.Tensor, fm: FloatModel, group: torch.Tensor | None = None) -> Interval:
+    def bounds(self, k: torch.Tensor, fm: FloatModel,
+               group: torch.Tensor | None = None) -> Interval:
         """Descent-direction bounds for distances ``k`` (int tensor (M,)), each computed from
         group ``group[m]`` of this accumulator (default: group m). Returns Interval (M, P)."""
         b = self.count

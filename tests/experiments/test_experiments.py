@@ -138,7 +138,8 @@ def test_blobs_reproduce_end_to_end(tmp_path, capsys):
     run0 = budget["dp_sgd"]["runs"][0]
     # DP-SGD's add-remove target converts to the replace-one total (10, 1e-5) of every row
     assert budget["relation"] == "replace-one"
-    assert run0["epsilon"] <= 5.0 * 1.01 and run0["delta"] == pytest.approx(1e-5 / (1 + math.exp(5)))
+    assert (run0["epsilon"] <= 5.0 * 1.01
+            and run0["delta"] == pytest.approx(1e-5 / (1 + math.exp(5))))
 
     kg = load(out, "blobs", "kgrid")["results"]
     eps_key = "1.0"
@@ -420,7 +421,8 @@ def test_shipped_plans_load(dataset, quick):
         assert plan.experiments == tuple(ALL)
         single = plan.settings["single"]
         assert len(single.epsilons) == 20
-        assert single.epsilons[0] == pytest.approx(0.01) and single.epsilons[-1] == pytest.approx(10)
+        assert (single.epsilons[0] == pytest.approx(0.01)
+                and single.epsilons[-1] == pytest.approx(10))
         assert plan.settings["budget"].epsilon_total == 10.0
         assert plan.settings["budget"].delta_total == 1e-5
         assert plan.settings["budget"].teachers == 25

@@ -28,10 +28,10 @@ def kov_delta(eps, k, eps_total, delta=0.0):
     """delta(eps_total) = 1 - (1-delta)^k (1 - sum_l C(k,l) p^(k-l) q^l [1 - e^(eps_total -
     (k-2l) eps)]_+), p = e^eps / (1 + e^eps), q = 1 - p: the hockey-stick divergence of k-fold
     randomized response."""
-    l = np.arange(k + 1)
-    log_w = (gammaln(k + 1) - gammaln(l + 1) - gammaln(k - l + 1)
-             + (k - l) * eps - k * np.log1p(np.exp(eps)))
-    loss = (k - 2 * l) * eps
+    ell = np.arange(k + 1)
+    log_w = (gammaln(k + 1) - gammaln(ell + 1) - gammaln(k - ell + 1)
+             + (k - ell) * eps - k * np.log1p(np.exp(eps)))
+    loss = (k - 2 * ell) * eps
     above = loss > eps_total
     rr = np.sum(np.exp(log_w[above]) * -np.expm1(eps_total - loss[above]))
     keep = (1 - delta) ** k
@@ -109,8 +109,8 @@ def test_tight_matches_exact_optimal_composition_from_above(eps, q, delta_total,
 
 def test_tight_heterogeneous_falls_back_to_best():
     """Mixed spends have no closed form that could check the PLD's FFT (whose error an
-    adversarial review showed), so tight gives best's total there (0.3.3; it was about 25 %
-    below best, unchecked)."""
+    adversarial review showed), so tight gives best's total there (an unchecked FFT total
+    came out about 25 % below best)."""
     eps = [0.1] * 50 + [0.3] * 20 + [0.05] * 100
     deltas = [0.0] * len(eps)
     tight = Accountant("tight").total(eps, deltas, delta_budget=1e-5)

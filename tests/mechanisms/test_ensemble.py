@@ -221,7 +221,8 @@ def test_lnmax_rate_matches_analytical(votes, eps):
     assert labels.dtype == np.int64 and set(np.unique(labels)) <= {0, 1}
     p1 = float(me.lnmax_probabilities(me.vote_counts(inputs.votes[:1]), eps)[0, 1])
     assert_rate(labels == 1, p1)
-    assert mech.correct_probability(inputs.subset(slice(0, 1)), np.array([1]))[0] == pytest.approx(p1)
+    assert (mech.correct_probability(inputs.subset(slice(0, 1)), np.array([1]))[0]
+            == pytest.approx(p1))
     g = mech.guarantee(RELATION)
     assert (g.epsilon, g.delta, g.relation, g.mechanism) == (eps, 0.0, RELATION, "lnmax")
 
@@ -416,7 +417,8 @@ def test_ptr_threshold_and_probability_hand_values():
     # s = 0: an answer with probability P(Laplace(1/eps) > ln(1/delta)/eps) = delta / 2
     assert me.ptr_release_probability(0, 0.7, 1e-4) == pytest.approx(0.5e-4)
     assert me.ptr_release_probability(3.0, 1.0, math.exp(-3)) == pytest.approx(0.5)
-    assert me.ptr_release_probability(5.0, 1.0, math.exp(-3)) == pytest.approx(1 - 0.5 * math.exp(-2))
+    assert (me.ptr_release_probability(5.0, 1.0, math.exp(-3))
+            == pytest.approx(1 - 0.5 * math.exp(-2)))
 
 
 @pytest.mark.parametrize("eps,delta", [(0.1, 1e-6), (1.0, 1e-3), (4.0, 0.05)])

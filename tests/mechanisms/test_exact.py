@@ -278,7 +278,8 @@ def test_lazy_cauchy_answers_every_question_about_one_variate():
         for word in words:
             z = _cauchy_of(word)
             noise = LazyCauchy(_Word(word))
-            points = [z * (1 + mpmath.mpf(d)) + d for d in (1e-30, -1e-30, 1e-15, -1e-15, 1e-3, -1e-3, 1, -1)]
+            points = [z * (1 + mpmath.mpf(d)) + d
+                      for d in (1e-30, -1e-30, 1e-15, -1e-15, 1e-3, -1e-3, 1, -1)]
             points += [mpmath.mpf(0), mpmath.mpf(10) ** 300, -mpmath.mpf(10) ** 300]
             for i in rng.permutation(len(points)):
                 t = _fraction(points[i])
@@ -312,7 +313,8 @@ def test_cauchy_argmax_is_the_exact_argmax_of_the_realised_scores(scale):
             cases.append((centres, words))
             cases.append(([Fraction(0)] * 3, [words[1], words[1] + 1, words[1] - 1]))
             cases.append(([Fraction(0), Fraction(1)],                     # beside the baseline
-                          [_word_of(mpmath.mpf(1) / 2 / s_mp), _word_of(-mpmath.mpf(1) / 2 / s_mp)]))
+                          [_word_of(mpmath.mpf(1) / 2 / s_mp),
+                           _word_of(-mpmath.mpf(1) / 2 / s_mp)]))
         for centres, words in cases:
             scores = [mpmath.mpf(1) / 2] + [mpmath.mpf(int(c)) + s_mp * _cauchy_of(w)
                                             for c, w in zip(centres, words)]

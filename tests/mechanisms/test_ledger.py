@@ -72,7 +72,8 @@ def test_batch_is_all_or_nothing_and_draws_nothing_when_refused(tmp_path, monkey
     drawn = []
     mech = GS(0.25)
     original = type(mech)._draw
-    monkeypatch.setattr(type(mech), "_draw", lambda self, i, rng: drawn.append(1) or original(self, i, rng))
+    monkeypatch.setattr(type(mech), "_draw",
+                        lambda self, i, rng: drawn.append(1) or original(self, i, rng))
     with Ledger.open(tmp_path / "l.db", 1.0, 0.0) as ledger:
         with pytest.raises(BudgetExceededError):
             ledger.release(mech, inputs(5))
@@ -502,7 +503,8 @@ def test_a_failure_after_the_spend_says_the_budget_is_spent_without_private_valu
     PrivacyError that says the budget is spent and names only the error's type (its text may
     hold private values); an interrupt keeps its type and gains a note."""
     mech = make_mechanism("exp-radius", 0.5)
-    inputs = Certified(np.array([0, 1]), np.array([3, 17]), 2, Source("b", SHA, ("replace-one",), True))
+    inputs = Certified(np.array([0, 1]), np.array([3, 17]), 2,
+                       Source("b", SHA, ("replace-one",), True))
 
     def broken(self, inputs, rng):
         raise ValueError("radius 17 of query 1")

@@ -74,7 +74,8 @@ def test_analytic_gaussian_sigma_is_exact(eps, delta, sens):
 
     # an independent check: delta(eps) = int max(0, p - e^eps q) for p = N(0, s), q = N(D, s)
     def excess(x):
-        return max(0.0, stats.norm.pdf(x, 0, sigma) - math.exp(eps) * stats.norm.pdf(x, sens, sigma))
+        return max(0.0, stats.norm.pdf(x, 0, sigma)
+                   - math.exp(eps) * stats.norm.pdf(x, sens, sigma))
     numeric, _ = integrate.quad(excess, -40 * sigma, 40 * sigma, limit=500,
                                 points=[sens / 2 - eps * sigma ** 2 / sens])
     assert numeric == pytest.approx(gaussian_delta(sigma, sens, eps), rel=1e-4, abs=1e-12)

@@ -97,8 +97,10 @@ def round_out(lo: torch.Tensor, hi: torch.Tensor, dtype: torch.dtype):
     if dtype == F64:
         return lo, hi
     lo_d, hi_d = lo.to(dtype), hi.to(dtype)
-    lo_d = torch.where(lo_d.to(F64) > lo, torch.nextafter(lo_d, torch.tensor(-math.inf, dtype=dtype)), lo_d)
-    hi_d = torch.where(hi_d.to(F64) < hi, torch.nextafter(hi_d, torch.tensor(math.inf, dtype=dtype)), hi_d)
+    lo_d = torch.where(lo_d.to(F64) > lo,
+                       torch.nextafter(lo_d, torch.tensor(-math.inf, dtype=dtype)), lo_d)
+    hi_d = torch.where(hi_d.to(F64) < hi,
+                       torch.nextafter(hi_d, torch.tensor(math.inf, dtype=dtype)), hi_d)
     return lo_d.to(F64), hi_d.to(F64)
 
 
@@ -180,7 +182,8 @@ def assert_inside(box: Interval, value: torch.Tensor, what: str) -> None:
     assert not torch.isnan(value).any(), f"{what}: NaN"
     ok = box.contains(value)
     if not bool(ok.all()):
-        gap = torch.where(ok, torch.zeros_like(value), torch.maximum(box.lo - value, value - box.hi))
+        gap = torch.where(ok, torch.zeros_like(value),
+                          torch.maximum(box.lo - value, value - box.hi))
         i = int(torch.argmax(gap.reshape(-1)))
         width = box.width().reshape(-1)[i].item()
         raise AssertionError(

@@ -1,4 +1,4 @@
-"""Hardening (issue 15): every subcommand with malformed values of each option exits 2 with
+"""Hardening: every subcommand with malformed values of each option exits 2 with
 one error line (ours, `agt: error: ...`, or argparse's usage error), never a traceback, and
 leaves no new file and no spend; predictable failures are found before any privacy is spent;
 damaged bundles are refused cleanly and never read as narrower boxes; interrupts and pipes
@@ -159,7 +159,8 @@ def cases(d: Path):
             if flag == "--teacher":
                 argv = swap(argv, "--mechanism", "gs")
             yield f"labels {flag} {v!s}", argv
-    yield "labels student config without --train-student", labels + ["--student-config", d / "c.yaml"]
+    yield ("labels student config without --train-student",
+           labels + ["--student-config", d / "c.yaml"])
     yield "labels bad student config", labels + ["--train-student", "--student-config", q]
     for flag, values in (("--config", [d / "missing.yaml", q, d, ""]),
                          ("--data", [d / "missing.npz", d / "garbage.npz", ""]),
@@ -243,6 +244,22 @@ def test_refusals_say_what_is_wrong(world, capsys, tmp_path):
     last = assert_refused(capsys, d, ["certify", "--bounds", d / "b.h5", "--data",
                                       d / "q.npz", "--out", d / ("b" * 300 + ".csv")])
     assert "cannot be used (File name too long)" in last
+
+
+def test_an_npz_of_pickled_objects_is_a_one_line_error(world, capsys, tmp_path):
+    """An .npz whose arrays hold Python objects would need pickle to load (running code from
+    the file): `train --data` and `certify --data` refuse it in one line, not numpy's
+    traceback."""
+    d = world
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, x_train=np.array([{"a": 1}, None], dtype=object),
+             y_train=np.array([0, 1]), x_test=np.array([None, None], dtype=object))
+    last = assert_refused(capsys, d, ["train", "--config", d / "c.yaml", "--data", objects,
+                                      "--out", d / "new" / "t.h5", "--quiet"])
+    assert "holds Python objects" in last and "x_train" in last
+    last = assert_refused(capsys, d, ["certify", "--bounds", d / "b.h5", "--data", objects,
+                                      "--out", d / "new" / "c.csv"])
+    assert "holds Python objects" in last and "x_test" in last
 
 
 def test_relative_pretrained_path_resolves_against_the_config(tmp_path, monkeypatch, capsys):
@@ -476,11 +493,15 @@ def test_sigterm_during_training_leaves_nothing(tmp_path):
         "n_samples: 400", "n_samples: 20000").replace("n_epochs: 2", "n_epochs: 400")
     (tmp_path / "c.yaml").write_text(slow)
     proc = _cli("train", "--config", tmp_path / "c.yaml", "--out", tmp_path / "o" / "b.h5")
-    # wait for the progress bar (training has started: past the imports, which a signal may
-    # still interrupt with the default action on a loaded machine), then a moment longer
-    ready, _, _ = select.select([proc.stderr], [], [], 120)
-    assert ready, "agt train printed nothing in 120 s"
-    first = os.read(proc.stderr.fileno(), 4096).decode(errors="replace")
+    # wait for the progress bar: it is drawn inside the command, so the handler installed
+    # at the start of main() is in place (any earlier output, a library's warning on a
+    # loaded machine, says nothing about that), then a moment longer
+    first, deadline = "", time.monotonic() + 120
+    while "AGT train" not in first:
+        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(proc.stderr.fileno(), 4096).decode(errors="replace") if ready else ""
+        assert chunk, f"agt train drew no progress bar in 120 s: {first!r}"
+        first += chunk
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)

@@ -267,7 +267,8 @@ def test_seeded_runs_reproduce_and_unseeded_runs_are_recorded_as_such(workdir, t
         rc, _, err = run(capsys, *labels_args(workdir, tmp_path, "ens-ss-laplace", eps=20.0,
                                               out=f"{name}.npz", ledger=f"{name}.db"))
         assert rc == 0, err
-    assert np.array_equal(np.load(tmp_path / "a.npz")["labels"], np.load(tmp_path / "b.npz")["labels"])
+    assert np.array_equal(np.load(tmp_path / "a.npz")["labels"],
+                          np.load(tmp_path / "b.npz")["labels"])
     argv = labels_args(workdir, tmp_path, "lnmax", eps=20.0, out="c.npz", ledger="c.db")
     argv = argv[:argv.index("--insecure-seed")] + argv[argv.index("--insecure-seed") + 2:]
     rc, out, err = run(capsys, *argv)

@@ -60,9 +60,9 @@ def test_predict_refuses_past_budget_and_writes_nothing(setup, tmp_path, capsys)
     db = tmp_path / "ledger.db"
     common = ["predict", "--bounds", bundle, "--data", d / "q.npz", "--mechanism", "gs",
               "--epsilon", "0.25", "--ledger", db]
-    assert run(*common, "--budget-epsilon", "7", "--out", tmp_path / "a.csv") == 0   # 20 x 0.25 = 5
+    assert run(*common, "--budget-epsilon", "7", "--out", tmp_path / "a.csv") == 0  # 20 x 0.25 = 5
     capsys.readouterr()
-    assert run(*common, "--out", tmp_path / "b.csv") == 2                           # 10 > 7: refused
+    assert run(*common, "--out", tmp_path / "b.csv") == 2                          # 10 > 7: refused
     err = capsys.readouterr().err
     assert err.startswith("agt: error:") and "budget" in err
     assert not (tmp_path / "b.csv").exists()

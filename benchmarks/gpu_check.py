@@ -1,0 +1,242 @@
+"""The GPU check: one command that runs agt's CUDA code path and times it against the CPU.
+
+    python benchmarks/gpu_check.py --out gpu_check.json [--budget 420]
+        [--imdb-n 25000] [--octmnist-n 20000] [--imdb-queries 5000]
+        [--octmnist-queries 1000] [--quick]
+
+Stages, each recorded in the JSON as soon as it ends (so a run cut short keeps what it did):
+
+1. device: GPU name, memory, torch, CUDA and cuDNN versions, CPU cores.
+2. tests: the tests marked ``cuda`` (tests/agt/test_cuda.py: CUDA- and CPU-trained bundles
+   of one config each hold the other's nominal parameters in their k >= 1 boxes; a
+   CUDA-trained bundle survives retraining on neighbours, on both devices; strict kernels
+   active and restored) and the strict-kernel tests, which then take their CUDA branch.
+3. imdb: the IMDB head (configs/imdb.yaml: MLP 768-100-1, sgdm, 3 full-batch steps,
+   float32) on generated data of the paper's size (25,000 x 768 by default), k grid
+   {0, 10, 100, 1000}: nominal training and AGT training on CUDA and on the CPU, AGT time
+   per k relative to nominal on the same device, and certifying 5,000 queries.
+4. octmnist: the OctMNIST head (configs/octmnist.yaml: a frozen conv prefix, dense head
+   3200-100-1, sgdm with Nesterov, 4 full-batch steps) on generated 28 x 28 images (a subset
+   of the paper's 97,477 by default, to fit the check's time), k grid {0, 10, 100}: the same
+   figures, certifying 1,000 queries.
+
+Every timing is one run (the device is lent for minutes), after an untimed small training in
+the same process; the JSON says so. The CPU figures use every core of the machine the check
+runs on. Nothing here needs the real data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agt.threads import apply_recommended_environment  # noqa: E402
+
+apply_recommended_environment()      # before torch loads: deterministic cuBLAS needs it
+
+IMDB_K = "0,10,100,1000"
+OCTMNIST_K = "0,10,100"
+
+
+def device_info() -> dict:
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "cpu_cores": os.cpu_count(), "cuda_available": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    multiprocessors=props.multi_processor_count)
+    return info
+
+
+def run_tests(out_dir: Path) -> dict:
+    """The cuda-marked tests and the strict-kernel tests, in a child pytest."""
+    report = out_dir / "cuda_tests.xml"
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+         f"--junitxml={report}", "tests/agt/test_cuda.py", "tests/agt/test_strict_kernels.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    summary = {"returncode": proc.returncode, "seconds": round(time.perf_counter() - t0, 1),
+               "tail": proc.stdout[-2500:] + proc.stderr[-1000:]}
+    if report.is_file():
+        import xml.etree.ElementTree as ET
+
+        suite = ET.parse(report).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        summary.update({k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors",
+                                                          "skipped")})
+        summary["skipped_tests"] = [c.get("name") for c in suite.iter("testcase")
+                                    if c.find("skipped") is not None]
+    return summary
+
+
+def imdb_data(n: int, seed: int = 0):
+    """Two Gaussian classes in 768-d, the scale of mean GPT-2 embeddings."""
+    import numpy as np
+
+    from agt.data import Dataset
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, size=n + 10_000)
+    x = rng.normal(size=(n + 10_000, 768)) * 0.5 + (2 * y[:, None] - 1) * 0.05
+    return Dataset.from_arrays(x[:n], y[:n], x[n:], y[n:])
+
+
+def octmnist_data(n: int, seed: int = 0):
+    """28 x 28 single-channel images whose class shifts a fixed smooth pattern (so a conv
+    net can tell them apart), pixel values in [0, 1] as OctMNIST's scaled images."""
+    import numpy as np
+
+    from agt.data import Dataset
+
+    rng = np.random.default_rng(seed)
+    total = n + 2_000
+    grid = np.linspace(-1, 1, 28)
+    pattern = np.exp(-(grid[:, None] ** 2 + grid[None, :] ** 2) * 3)[None]
+    y = rng.integers(0, 2, size=total)
+    x = rng.random(size=(total, 1, 28, 28)) * 0.6 + 0.4 * y[:, None, None, None] * pattern
+    return Dataset.from_arrays(x[:n], y[:n], x[n:], y[n:])
+
+
+def pipeline_config(name: str, device: str, k_values: str):
+    import yaml
+
+    from agt.config import config_from_dict
+
+    raw = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+    raw.pop("data", None)
+    raw.pop("pretrained", None)      # a random frozen prefix: this check times, not trains
+    raw.update(device=device, k_values=k_values)
+    return config_from_dict(raw)
+
+
+def time_pipeline(name: str, n: int, device: str, k_values: str, queries: int) -> dict:
+    """Nominal and AGT training, and certification, of one pipeline on one device."""
+    import torch
+
+    from agt.certify import Certifier
+    from agt.store import from_result
+    from agt.training import train
+
+    ds = imdb_data(n) if name == "imdb" else octmnist_data(n)
+    cfg = pipeline_config(name, device, k_values)
+    # a small run first, untimed: the process's first training pays the device's start-up
+    # (CUDA context, kernel loading, allocator growth), which is not the pipeline's cost
+    small = imdb_data(200) if name == "imdb" else octmnist_data(50)
+    train(pipeline_config(name, device, "0,1"), small)
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    out = {"device": device, "n_train": n, "k_values": k_values}
+    t0 = time.perf_counter()
+    train(cfg, ds, with_bounds=False)
+    sync()
+    out["nominal_s"] = time.perf_counter() - t0
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    res = train(cfg, ds)
+    sync()
+    out["agt_s"] = time.perf_counter() - t0
+    n_k = len(res.k_values)
+    out["agt_per_k_over_nominal"] = out["agt_s"] / n_k / out["nominal_s"]
+    if device == "cuda":
+        out["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    bundle = from_result(res)
+    xq = ds.x_test[:queries]
+    t0 = time.perf_counter()
+    cert = Certifier(bundle, device=device).certify(xq)
+    sync()
+    out["certify_s"] = time.perf_counter() - t0
+    out["queries"] = len(xq)
+    out["queries_per_s"] = len(xq) / out["certify_s"]
+    out["certified_fraction"] = {str(k): round(v, 4) for k, v in
+                                 cert.certified_fraction().items()}
+    out["test_accuracy"] = float((cert.prediction == ds.y_test[:queries]).mean())
+    return out
+
+
+def _child(kind: str, kwargs: dict, timeout: float) -> dict:
+    """A stage in a fresh process (its own peak memory, a clean CUDA context) under a
+    timeout; a stage that runs out of time is recorded as such."""
+    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); import gpu_check; "
+            f"print('RESULT ' + json.dumps(gpu_check.{kind}(**json.loads(sys.argv[1]))))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        return {"timeout_s": round(timeout, 1), **kwargs}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"error": (proc.stderr or proc.stdout)[-2000:], **kwargs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="gpu_check.json")
+    ap.add_argument("--budget", type=float, default=420.0,
+                    help="seconds for the whole check; later stages get what is left")
+    ap.add_argument("--imdb-n", type=int, default=25_000)
+    ap.add_argument("--octmnist-n", type=int, default=20_000)
+    ap.add_argument("--imdb-queries", type=int, default=5_000)
+    ap.add_argument("--octmnist-queries", type=int, default=1_000)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (a dry run on a laptop)")
+    ap.add_argument("--no-tests", action="store_true", help="timings only")
+    args = ap.parse_args()
+    if args.quick:
+        args.imdb_n, args.octmnist_n = 1_000, 300
+        args.imdb_queries, args.octmnist_queries = 300, 100
+    start = time.perf_counter()
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    result = {"note": "one run per figure (the device is lent for minutes), after an untimed "
+                      "warm-up training; CPU figures use every core of this machine",
+              "device": device_info()}
+
+    def save():
+        result["elapsed_s"] = round(time.perf_counter() - start, 1)
+        out_path.write_text(json.dumps(result, indent=1))
+
+    def left() -> float:
+        return args.budget - (time.perf_counter() - start)
+
+    save()
+    if not args.no_tests:
+        result["tests"] = run_tests(out_path.parent)
+        save()
+    devices = ["cuda", "cpu"] if result["device"]["cuda_available"] else ["cpu"]
+    plan = [(name, n, k_values, queries, device)
+            for name, n, k_values, queries in (
+                ("imdb", args.imdb_n, IMDB_K, args.imdb_queries),
+                ("octmnist", args.octmnist_n, OCTMNIST_K, args.octmnist_queries))
+            for device in devices]
+    for i, (name, n, k_values, queries, device) in enumerate(plan):
+        # every stage left gets an equal share of the time left
+        result.setdefault(name, {})[device] = _child("time_pipeline", dict(
+            name=name, n=n, device=device, k_values=k_values, queries=queries),
+            left() / (len(plan) - i))
+        gpu, cpu = result[name].get("cuda", {}), result[name].get("cpu", {})
+        if "agt_s" in gpu and "agt_s" in cpu:
+            result[name]["cpu_over_cuda"] = {k: cpu[k] / gpu[k]
+                                             for k in ("nominal_s", "agt_s", "certify_s")}
+        save()
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
