@@ -92,7 +92,7 @@ class UpdateRule:
         on *every* dataset, from the config alone: ``start`` the largest |entry| of each
         initial tensor, ``lrs`` the rounded learning rate of every step, ``d_max`` a bound
         on every entry of the mean clamped gradient d whatever the records (the nominal
-        rule clamps the mean too, agt/training.py), ``dtype`` the nominal dtype.
+        rule clamps the mean too, agt/nominal.py), ``dtype`` the nominal dtype.
 
         Recursion (the nominal rule above, |.| of each intermediate; m = |momentum|, a =
         |1 - dampening|): G = d_max + l2 P_t for g; sgd: P_{t+1} = P_t + lr G; sgdm:

@@ -360,7 +360,7 @@ class StabilityProblem:
         ball). With N_t = Npub_t >= ||theta_t|| for every in-domain run (|entry| <= norm):
         logits and every partial sum <= N_t R~, per-record gradients <= M, the update's
         terms <= N_t + lr_t (M + l2 N_t); each must stay below max(dtype) / 16, as the
-        interval pass's public bounds (agt/training.py, `_public_magnitudes`) ask."""
+        interval pass's public bounds (`agt.overflow.OverflowGuard.public_bounds`) ask."""
         if not steps:
             return
         pub = self.public_norm_bounds(steps[0].norm, steps)

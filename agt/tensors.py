@@ -116,7 +116,7 @@ def strict_kernels(device: torch.device) -> Iterator[None]:
       grade and so rest on run-to-run determinism (the same operations on the same operands
       and shapes give the same floats): a frozen prefix's features of a kept record on D
       and on D', and the first epoch of `k_placement: per-epoch` (agt/placement.py). CPU
-      kernels were checked to have it (README, Soundness); CUDA's atomics-based reductions
+      kernels were checked to have it (docs/design.md, Assumptions); CUDA's atomics-based reductions
       and cuDNN's timed algorithm choice do not without these switches. cuBLAS also needs
       ``CUBLAS_WORKSPACE_CONFIG`` (":4096:8" or ":16:8") set before it starts: the command
       line sets it (`agt.threads.apply_recommended_environment`), and a CUDA block without

@@ -390,7 +390,7 @@ class _KBoxes:
                       for n, t in theta0.items()}
         self.velocity: dict[str, Interval | None] = {n: None for n in theta0}
         # bounds on every run's parameters from the config alone: the overflow refusal and
-        # the records marked at each step read nothing else (README, What is private)
+        # the records marked at each step read nothing else (docs/privacy.md)
         self.public = setup.overflow.public_bounds(lrs)
         # per-epoch placement budget (agt/placement.py); with one batch per epoch it gives
         # the paper's boxes, which the paper pass computes faster

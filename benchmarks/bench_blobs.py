@@ -1,4 +1,4 @@
-"""Blobs logistic regression, contiguous k = 0..199 (issue 2 benchmark).
+"""Blobs logistic regression, contiguous k = 0..199.
 
 Compares, in one run on this machine:
   * the one-pass multi-k AGT run (all 200 k values, vectorised),

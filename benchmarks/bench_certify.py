@@ -1,4 +1,4 @@
-"""Certify 10,000 Blobs queries against the contiguous k = 0..199 bundle (issue 3).
+"""Certify 10,000 Blobs queries against the contiguous k = 0..199 bundle.
 
 Reports queries per second of the binary search (`Certifier.certify`) and of the linear scan
 (`Certifier.certify_linear`), measured in one run; the reference linear scan manages about

@@ -1,4 +1,4 @@
-"""Ensembles: scale-out over teachers (issue 11) and certification cost (issue 4).
+"""Ensembles: scale-out over teachers and certification cost.
 
 Scale-out (default part): T = 50 teachers trained serially, in 2 local worker processes, and
 on Ray (a local instance with 2 CPUs) -- "cold" when train_ensemble starts and stops its own
@@ -25,7 +25,7 @@ running): numbers are noisy, load averages are printed.
     python benchmarks/bench_ensemble.py [--teachers 50] [--repeats 3] [--workers 2]
                                         [--only blobs,digits] [--no-ray] [--certify]
 
-``--certify`` adds the issue-4 report: single model vs a T = 25 ensemble on Blobs
+``--certify`` adds the certification report: single model vs a T = 25 ensemble on Blobs
 (training, certification of the test split, accuracy, radii).
 """
 
@@ -142,9 +142,9 @@ def timed(fn):
 
 
 def certify_report(args) -> None:
-    """Issue 4: single model vs a T-teacher ensemble, training and certification."""
+    """Single model vs a T-teacher ensemble, training and certification."""
     torch.set_num_threads(args.threads)
-    print("\n== certification: single model vs ensemble (issue 4) ==")
+    print("\n== certification: single model vs ensemble ==")
     cfg = load_config("configs/blobs.yaml", {"device": args.device})
     ds = load_dataset(cfg.data.name, cfg.data.options)
     T = args.certify_teachers
@@ -200,10 +200,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--only", default="blobs,digits")
     ap.add_argument("--no-ray", action="store_true")
-    ap.add_argument("--certify", action="store_true", help="add the issue-4 report")
+    ap.add_argument("--certify", action="store_true", help="add the certification report")
     ap.add_argument("--certify-teachers", type=int, default=25)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=2, help="threads of the issue-4 report")
+    ap.add_argument("--threads", type=int, default=2, help="threads of the certification report")
     args = ap.parse_args()
     use_ray = not args.no_ray
     if use_ray:

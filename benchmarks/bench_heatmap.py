@@ -1,4 +1,4 @@
-"""Blobs heat-map model benchmark (issue 11): AGT training time of the 6-128-2 ReLU network
+"""Blobs heat-map model benchmark: AGT training time of the 6-128-2 ReLU network
 of configs/blobs_mlp.yaml (cross-entropy, 4 full-batch epochs on 3000 points, float64,
 k = 0..199: 1 shared interval pass + 199 boxes x 3 steps), exact vs threshold selection,
 old vs new engine. `agt reproduce blobs` trains two such models (separable and overlapping
@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-BASELINE = "cac27e4"   # last commit with the torch.topk exact rule (before issue 11)
+BASELINE = "cac27e4"   # last commit with the torch.topk exact rule (before the introselect merges)
 
 
 def measure(selection: str, bounds: bool, variant: str, threads: int) -> dict:

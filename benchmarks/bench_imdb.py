@@ -22,7 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
-BASELINE = "cac27e4"   # last commit with the torch.topk exact rule (before issue 11)
+BASELINE = "cac27e4"   # last commit with the torch.topk exact rule (before the introselect merges)
 K_VALUES = "0,10,100,1000"
 
 

@@ -72,7 +72,7 @@ def main() -> None:
         certified = Certified(labels, np.full(q, radius), classes, source)
         scale = argmax.scale(certified.radius, classes)
 
-        def float_argmax():     # the float draw ss-argmax used before 0.3.4
+        def float_argmax():     # the float draw ss-argmax used before its exact sampler
             f = np.zeros((q, classes - 1))
             has = labels >= 1
             f[np.flatnonzero(has), labels[has] - 1] = 1.0

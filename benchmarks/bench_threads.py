@@ -1,5 +1,5 @@
-"""Intra-op threads: oversubscription, OpenMP wait policy, and bounds vs thread count
-(issue 11, part 3). Run by hand; the machine is shared, so numbers are noisy.
+"""Intra-op threads: oversubscription, OpenMP wait policy, and bounds vs thread count.
+Run by hand; the machine is shared, so numbers are noisy.
 
 A. Training time of one small model (the audit's "small agt train": 6-2 logistic on 800
    Blobs records, batch 100, 3 epochs, k = 0..20) and of a medium one (Blobs 6-128-2 MLP,

@@ -1,8 +1,8 @@
-"""Tightness benchmark (issue 12): certified radii of the bound methods on fixed tasks.
+"""Tightness benchmark: certified radii of the bound methods on fixed tasks.
 
 Per task and bound method: nominal test accuracy, the median certified k* of the test
 queries (-1 counts as "not even k = 0"; for the ensemble: the Thm 5.3 ensemble radius, and
-on a second line the min-cost radius the mechanisms use by default since agt 0.3.10),
+on a second line the min-cost radius the mechanisms use by default),
 the certified fraction at three k values, training and certification time; then the ratios
 (new / baseline) of the median and of the times, all measured in one run.
 
@@ -220,7 +220,7 @@ def run(name: str, method: str) -> dict:
         # radius -1: not even the nominal ensemble answer is certified (no teacher certifies)
         kstar = ensemble_radius(votes, cert.teacher_radii, "thm5.3", 2)
         kstar = np.where(cert.teacher_radii.max(axis=1) < 0, -1, kstar)
-        # the mechanisms' default since 0.3.10 (the paper's sum plus m - 1), beside it
+        # the mechanisms' default (the paper's sum plus m - 1), beside it
         min_cost = ensemble_radius(votes, cert.teacher_radii, "tight", 2)
         min_cost = np.where(cert.teacher_radii.max(axis=1) < 0, -1, min_cost)
     else:

@@ -1,4 +1,4 @@
-"""The trade-off study's wall time and the share spent training vs releasing (issue 10).
+"""The trade-off study's wall time and the share spent training vs releasing.
 
 Runs `agt reproduce tradeoffs` (full plan, or --quick) into a scratch folder and prints the
 total wall time, the time spent training (convex fits, teachers, AGT models and bounds,

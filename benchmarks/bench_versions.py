@@ -1,11 +1,10 @@
 """Training time and certified radii of this checkout against a baseline revision, on the
 tasks of bench_tightness.py, in one run (optionally with ``k_placement: per-epoch``).
 
-Written for agt 0.3.7 against 0.3.6 (the default baseline): the config-only overflow
-checks (public bounds on every run's parameters, computed once per run; the records that
-could overflow marked at each step; the boxes cut to the public bounds after every update;
-the nominal mean clamped) and the graded passes of the per-epoch programme. It measures
-what they cost and whether any radius changed.
+Written for the config-only overflow checks (public bounds on every run's parameters,
+computed once per run; the records that could overflow marked at each step; the boxes cut to
+the public bounds after every update; the nominal mean clamped) and the graded passes of the
+per-epoch programme. It measures what they cost and whether any radius changed.
 
 Every measurement runs in a fresh subprocess against a source tree (this checkout, or the
 baseline exported with git archive); repeats alternate old / new, times are the minimum
@@ -21,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-BASELINE = "ea89ada"     # agt 0.3.6, before the config-only checks
+BASELINE = "ea89ada"     # the revision before the config-only checks
 TASKS = ("digits10_linear", "digits_bin_mb", "blobs_mlp_mb1", "imdb_head")
 
 

@@ -1,7 +1,7 @@
 """Fig. 4: subsample-and-aggregate, accuracy vs ensemble size T at fixed per-query epsilons.
 
 For every T: T teachers trained with AGT on the index-mod-T parts of the private set
-(agt/ensemble.py; each on the config's k grid cut to k < floor(n / T)), certified on the test
+(agt/ensemble; each on the config's k grid cut to k < floor(n / T)), certified on the test
 queries: votes and teacher radii. Mechanisms per epsilon (mechanisms/ensemble.py): noisy
 argmax (lnmax: Laplace(2/eps) on the vote counts), the SS ensemble release with Cauchy and
 with Laplace noise on the ensemble radius (the settings' radius_rule: min-cost by default,

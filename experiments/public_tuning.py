@@ -21,7 +21,7 @@ are "ink" (the top of the range) with probability `ink` and background otherwise
 copies its class prototype and replaces each pixel, with probability `noise`, by a uniform
 draw over the range.
 
-What this does not make independent of the digits (said in the README too): the grid ranges
+What this does not make independent of the digits (said in docs/results.md too): the grid ranges
 and the two generator constants were set after earlier probes that had looked at digits test
 accuracy (the constants aim at a linear accuracy of about 0.9 on the 10-class surrogate,
 which is close to the digits' own). The choice *within* the grid reads no digits data.

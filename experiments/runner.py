@@ -46,7 +46,7 @@ def auto_workers(names: list[str], threads: int | None = None) -> int:
     experiment runs beside others and two processes of the requested threads (--threads,
     else OMP_NUM_THREADS, else 1) fit in the cores, else 1. Two, not more: the second
     process takes the heat map and the ensembles' teachers stay here, one after another
-    (tiny Blobs teachers are 10x slower in worker processes, README "Measured")."""
+    (tiny Blobs teachers are 10x slower in worker processes, docs/benchmarks.md)."""
     per_process = requested_threads(threads, default=1)[0] or 1
     detachable = any(n in DETACHABLE for n in names) and len(names) > 1
     return 2 if detachable and 2 * per_process <= available_cores() else 1

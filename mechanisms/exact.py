@@ -60,7 +60,7 @@ mechanisms/noise.py draws the binary Laplace threshold releases and the PTR test
 binary Cauchy releases draw their flips through `bernoulli_arctan_over_pi`, and the sparse
 vector adds `discrete_laplace` noise to the integer radii; ss-argmax for more than two
 classes draws through `cauchy_argmax`. The convex and loss-perturbation mechanisms' Gaussian
-noises are still drawn in floating point; README "What is private and what is not" states
+noises are still drawn in floating point; docs/privacy.md states
 what that leaves.
 """
 

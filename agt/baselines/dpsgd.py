@@ -50,7 +50,7 @@ needs the ``torchcsprng`` package, whose last release (0.2.1, 2021) predates tor
 torch 2.13 ``secure_mode=True`` raises a `ConfigError` saying so rather than silently
 falling back) and warns "Secure RNG turned off"; we silence that one warning. A secure-source
 seed for torch's generator is not a cryptographically secure generator; say so where it
-matters (README, "What is private").
+matters (docs/privacy.md).
 """
 
 from __future__ import annotations

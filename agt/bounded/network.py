@@ -1,7 +1,7 @@
 """Forward and backward passes over a sequential model: nominal and interval.
 
 `Network` owns the list of layers of the *trainable* part of a model (the frozen prefix is
-applied once to the data, see agt/training.py) and chains the per-layer rules of
+applied once to the data, see agt/features.py) and chains the per-layer rules of
 agt/bounded/layers.py.
 """
 

@@ -14,7 +14,7 @@ and IMDB read their files from --data-dir (a missing file is a one-line error sa
 obtain it).
 
 ``agt reproduce tradeoffs [--quick]`` runs the trade-off study of van der Maaten & Hannun on
-scikit-learn's digits (experiments/tradeoffs.py, configs/experiments/tradeoffs.yaml; needs
+scikit-learn's digits (experiments/tradeoffs/, configs/experiments/tradeoffs.yaml; needs
 scikit-learn) and writes ``<out>/tradeoffs/`` (``<out>/tradeoffs-quick/`` with --quick):
 results.json, summary.md and the figures; --only, --seed, --data-dir and --workers do not
 apply to it (--threads does; default 1 thread: its problems are small).

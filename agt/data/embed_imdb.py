@@ -1,4 +1,4 @@
-"""Embed IMDB reviews with GPT-2 into the ``imdb_embeddings.npz`` format (agt/data.py).
+"""Embed IMDB reviews with GPT-2 into the ``imdb_embeddings.npz`` format (agt/data/imdb.py).
 
     python -m agt.data.embed_imdb --reviews aclImdb --out DIR/imdb_embeddings.npz
                              [--model gpt2] [--max-reviews 40000] [--test-fraction 0.1]

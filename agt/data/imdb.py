@@ -3,7 +3,7 @@
 ``x_train`` (n, 768) float, ``y_train`` (n,) in {0, 1} (1 = positive review), ``x_test``
 (m, 768) float, ``y_test`` (m,) in {0, 1}. Each row is the mean over tokens of GPT-2's last
 hidden states for one review (768-d). Produce it with
-``python -m agt.data.embed_imdb --reviews aclImdb --out DIR/imdb_embeddings.npz`` (README
+``python -m agt.data.embed_imdb --reviews aclImdb --out DIR/imdb_embeddings.npz`` (docs/data.md
 section Data).
 """
 
@@ -30,7 +30,7 @@ IMDB_FILENAME = "imdb_embeddings.npz"
 _IMDB_HINT = (
     "produce it by embedding the IMDB reviews with GPT-2 via `transformers` (mean of the last "
     "hidden states, 768-d): `python -m agt.data.embed_imdb --reviews aclImdb --out "
-    "DIR/imdb_embeddings.npz` (see README section Data), then pass --data-dir DIR or set "
+    "DIR/imdb_embeddings.npz` (see docs/data.md), then pass --data-dir DIR or set "
     "data.data_dir"
 )
 

@@ -1,4 +1,4 @@
-"""agt/ensemble.py: partition by record index, training, storage and manifest validation,
+"""agt/ensemble: partition by record index, training, storage and manifest validation,
 the ensemble certifier, and smoothness of ensemble radii on real neighbouring datasets."""
 
 from __future__ import annotations

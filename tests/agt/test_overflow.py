@@ -1,5 +1,5 @@
 """Overflow and underflow at the edges of the float formats (an adversarial review of the
-stability balls and the certifier, 0.3.2). Every bound models rounding, not overflow, so
+stability balls and the certifier). Every bound models rounding, not overflow, so
 what could overflow is refused or left uncertified; each case below broke a certificate
 before its fix (a neighbour outside the ball, a certified query that flips)."""
 

@@ -90,7 +90,7 @@ def test_weakened_k0_box_is_caught(monkeypatch):
 
 
 def test_k0_certifies_after_many_float32_steps_and_is_no_looser():
-    """Issue 12's goal at k = 0; k >= 1 boxes equal to the interval method's bit for bit,
+    """The method's goal at k = 0; k >= 1 boxes equal to the interval method's bit for bit,
     the k = 0 box inside the interval k = 0 box, so no certificate is lost anywhere."""
     cfg, ds = long_float32()
     new = train(cfg, ds)

@@ -1,6 +1,6 @@
 """The exact selection rule (agt/topk.py): the streamed, partition-based accumulator selects
 exactly the multisets a naive sort selects, its bounds enclose the exactly rounded naive
-bounds within the rounding allowance, it agrees with the pre-issue-11 implementation
+bounds within the rounding allowance, it agrees with the first implementation
 (tests/agt/topk_reference.py), and deliberately wrong variants are caught."""
 
 from __future__ import annotations
@@ -338,7 +338,8 @@ def test_selecting_k_minus_one_is_caught(monkeypatch, kind):
 # -- the training loop on the new path -------------------------------------------------------
 
 def reference_accumulator(n_groups, n_params, k_buffers, gamma, device, dtype):
-    """The pre-issue-11 accumulator behind the new constructor (one buffer size for all)."""
+    """The first implementation's accumulator behind the new constructor (one buffer
+    size for all)."""
     k = k_buffers if isinstance(k_buffers, int) else max(k_buffers)
     return ReferenceDescentAccumulator(n_groups, n_params, k, gamma, device, dtype)
 
@@ -376,7 +377,7 @@ def test_boxes_nest_between_neighbours_with_fragments(dtype):
 
     The inclusion is exact in real arithmetic. With saturated gradients (gamma 0.06) its
     margin can be exactly 0, and the float64 computations for D and D' then round apart by
-    an ulp (3e-18 and 6e-17 here, the same values with the pre-issue-11 implementation), so
+    an ulp (3e-18 and 6e-17 here, the same values with the first implementation), so
     the check allows 1e-15; a selection error would show at gamma / b ~ 1e-4."""
     from agt.training import train
     from tests.agt.test_training import perturb

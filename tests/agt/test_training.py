@@ -450,7 +450,7 @@ def test_falsify_frozen_conv_prefix_with_pretrained_weights(tmp_path):
 
 
 def test_adding_a_record_breaks_a_bundle_of_batch_size_n_but_not_a_full_batch_one():
-    """Issue 8, item 9 (the audit's finding): with batch_size == n, a neighbour with n + 1
+    """With batch_size == n, a neighbour with n + 1
     records is trained as two batches by the nominal rule, and its parameters leave the k = 1
     box, so such a bundle must not (and does not) claim add-remove; `batch_size: full` trains
     the neighbour as one batch of n + 1 and stays inside every box."""
@@ -474,7 +474,7 @@ def test_adding_a_record_breaks_a_bundle_of_batch_size_n_but_not_a_full_batch_on
 
 
 def test_dampening_without_momentum_is_refused():
-    """Issue 8, item 10: torch.optim.SGD ignores dampening when momentum is 0."""
+    """torch.optim.SGD ignores dampening when momentum is 0."""
     import pytest as _pytest
 
     from agt.errors import ConfigError
@@ -585,7 +585,7 @@ def test_relu_boxes_nest_exactly_on_neighbours_at_every_step(dtype, batch):
 def test_prefix_features_of_a_record_do_not_depend_on_its_place(prefix):
     """The prefix's feature boxes are computed once per dataset and shared by every k,
     outside the graded passes, so a kept record's must be the same floats in the runs on
-    D and on D' (README, Soundness). Under add-remove (one batch) a record moves by one
+    D and on D' (docs/design.md, Assumptions). Under add-remove (one batch) a record moves by one
     place and across fragment boundaries: an adversarial review found a linear prefix whose
     record 256 (of 257, fragment_size 64) got other floats on the neighbour without record
     0, as a matrix product's rounding depends on its row count; such runs now compute one

@@ -1,4 +1,4 @@
-"""DP-SGD baseline (mechanisms/dpsgd.py): accuracy, epsilon calibration (checked against an
+"""DP-SGD baseline (agt/baselines/dpsgd.py): accuracy, epsilon calibration (checked against an
 independent PLD accountant), frozen prefixes, validation and determinism."""
 
 from __future__ import annotations

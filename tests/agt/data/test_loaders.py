@@ -375,7 +375,7 @@ def test_imdb_loader(imdb_file):
 
 def test_imdb_missing_file_explains_how_to_build(tmp_path):
     with pytest.raises(DataError,
-                       match=r"imdb_embeddings\.npz not found.*GPT-2.*README section Data"):
+                       match=r"imdb_embeddings\.npz not found.*GPT-2.*docs/data\.md"):
         load_dataset("imdb", {"data_dir": str(tmp_path)})
 
 
