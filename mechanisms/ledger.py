@@ -35,6 +35,7 @@ transaction (or after a crash inside one, until the next open rolls it back).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import os
@@ -48,15 +49,20 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from agt.errors import BudgetExceededError, PrivacyError
+from agt.errors import BudgetExceededError, DataError, PrivacyError
 from mechanisms.accounting import ACCOUNTANTS, Accountant, Composition, SpendGroup
 from mechanisms.base import Mechanism
 from mechanisms.checks import check_delta, check_epsilon, privacy_problems
 from mechanisms.guarantee import REPLACE_ONE, Guarantee, check_relation
-from mechanisms.noise import make_generator
+from mechanisms.noise import REFUSED, make_generator
 
 FORMAT_VERSION = 2
 _TABLES = {"ledger_meta", "releases", "sqlite_sequence"}
+#: tables the answering door (`Ledger.answer_batch`) adds on first use: running totals of the
+#: charges (so a budget check reads a few rows, not every charge), the client of each charge,
+#: the released answers (the cache: asked again, a query gets its released label at no new
+#: charge) and the open stability-gated sessions
+_ANSWER_TABLES = {"spend_totals", "release_clients", "client_totals", "answers", "sessions"}
 _FIXED_ACCOUNTANTS = ("best", "advanced", "tight")
 
 # One statement each: sqlite3's executescript would COMMIT the open transaction first.
@@ -89,7 +95,8 @@ _SCHEMA = (
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
 )
 
-__all__ = ["Ledger", "Release", "LedgerEntry", "hash_query", "default_ledger_path"]
+__all__ = ["Ledger", "Release", "LedgerEntry", "AnswerRequest", "Answered", "hash_query",
+           "default_ledger_path"]
 
 
 def hash_query(query: ArrayLike) -> str:
@@ -240,7 +247,7 @@ class Ledger:
             try:
                 tables = {r[0] for r in conn.execute(
                     "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
-                foreign = tables - _TABLES
+                foreign = tables - _TABLES - _ANSWER_TABLES
                 if foreign or (tables and "ledger_meta" not in tables):
                     raise PrivacyError(
                         f"{path} is an SQLite database of another application (tables "
@@ -291,9 +298,18 @@ class Ledger:
     # -- accounting -----------------------------------------------------------------------
 
     def _recorded_groups(self) -> list[SpendGroup]:
-        rows = self._conn.execute("SELECT epsilon, delta, COUNT(*) FROM releases "
-                                  "GROUP BY epsilon, delta").fetchall()
+        # the running totals, kept by a trigger in the same transaction as every charge,
+        # where the answering door has created them; else a scan of every charge
+        if self._has_totals():
+            rows = self._conn.execute("SELECT epsilon, delta, count FROM spend_totals").fetchall()
+        else:
+            rows = self._conn.execute("SELECT epsilon, delta, COUNT(*) FROM releases "
+                                      "GROUP BY epsilon, delta").fetchall()
         return [(float(e), float(d), int(c)) for e, d, c in rows]
+
+    def _has_totals(self) -> bool:
+        return self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                  "name = 'spend_totals'").fetchone() is not None
 
     def _compose(self, groups: Sequence[SpendGroup]) -> Composition:
         merged: dict[tuple[float, float], int] = {}
@@ -491,6 +507,291 @@ class Ledger:
             raise PrivacyError("nothing to release: the inputs hold no query")
         return guarantee, eps_c, delta_c
 
+    # -- the answering door (a prediction service) ------------------------------------------
+
+    def answer(self, mechanism: Mechanism, inputs, *, client: str = "",
+               client_budget: tuple[float, float] | None = None,
+               insecure_rng: np.random.Generator | None = None) -> "Answered":
+        """`answer_batch` for one request; raises its refusal instead of returning it."""
+        out = self.answer_batch([AnswerRequest(mechanism, inputs, client, client_budget)],
+                                insecure_rng=insecure_rng)[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def answer_batch(self, requests: Sequence["AnswerRequest"], *,
+                     insecure_rng: np.random.Generator | None = None
+                     ) -> list["Answered | Exception"]:
+        """Answer several requests in one transaction: cached answers, charge, draw, record.
+
+        Per request, in order: queries whose hash (``inputs.query_ids``, required) was
+        answered before by this source and mechanism get the label released then, at no
+        charge (post-processing of that release; the same query asked twice within a request
+        is one query). The other queries are charged against the ledger's budget and the
+        client's own (``client_budget``; the ledger's budget caps every client together),
+        their labels drawn, and the charges, the client and the labels recorded. A
+        stability-gated session mechanism (`per_query` False) keeps one session per client,
+        source and mechanism across requests: its state is loaded, advanced and stored, and
+        a new session is charged when the last one reached its cutoff.
+
+        The labels are drawn *before* the commit and returned only after it, so a crash at
+        any moment leaves either no record and no label, or a record whose label a retry
+        gets from the answers: never a label without its record, never two charges for one
+        query. A request that is refused (its inputs, a budget) returns its exception in its
+        place and records and draws nothing; the others go on. A failure of the database
+        itself rolls back every request and raises.
+
+        Args:
+            requests: the requests (`AnswerRequest`), answered in this order.
+            insecure_rng: seeded noise for tests only (every row records it).
+
+        Returns:
+            Per request, its `Answered`, or the exception that refused it.
+        """
+        rng = insecure_rng if insecure_rng is not None else make_generator(None)
+        seeded = insecure_rng is not None
+        prepared = []
+        for request in requests:
+            try:
+                prepared.append(self._prepare_answer(request))
+            except (PrivacyError, DataError, ValueError) as exc:
+                prepared.append(exc)
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise PrivacyError(f"cannot write the privacy ledger {self.path} "
+                               f"({_sqlite_reason(exc)}); nothing was released") from None
+        out: list[Answered | Exception] = []
+        try:
+            _ensure_answer_tables(conn)
+            for item in prepared:
+                if isinstance(item, Exception):
+                    out.append(item)
+                    continue
+                # each request is all or nothing within the batch: a refusal or a failed
+                # draw undoes what the request had recorded
+                conn.execute("SAVEPOINT request")
+                try:
+                    out.append(self._answer_one(item, rng, seeded))
+                except (PrivacyError, DataError) as exc:
+                    conn.execute("ROLLBACK TO request")
+                    out.append(exc)
+                conn.execute("RELEASE request")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise PrivacyError(f"cannot write the privacy ledger {self.path} "
+                               f"({_sqlite_reason(exc)}); nothing was released") from None
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if any(isinstance(a, Answered) and a.charges for a in out):
+            self._dataset = conn.execute("SELECT dataset_sha256 FROM ledger_meta").fetchone()[0]
+        return out
+
+    def _prepare_answer(self, request: "AnswerRequest") -> "_Prepared":
+        """The checks that read nothing of the ledger's records (before the transaction)."""
+        if not isinstance(request, AnswerRequest):
+            raise PrivacyError(f"answer_batch takes AnswerRequest objects, got "
+                               f"{type(request).__name__}")
+        mechanism, inputs = request.mechanism, request.inputs
+        guarantee, eps_c, delta_c = self._charge(mechanism, inputs)
+        if not mechanism.per_query and not hasattr(mechanism, "continue_session"):
+            raise PrivacyError(f"{mechanism.name} answers one release as one session; the "
+                               f"answering door serves per-query mechanisms and stability-gated "
+                               f"sessions (svt, ens-svt), which continue across requests")
+        ids = inputs.query_ids
+        if ids is None or len(ids) != inputs.n_queries or not all(ids):
+            raise PrivacyError("answering needs every query's hash (inputs.query_ids, "
+                               "hash_query of its bytes): the answers are kept by it")
+        if not isinstance(request.client, str):
+            raise PrivacyError("client must be a string (the key's id)")
+        if request.client_budget is not None:
+            problems = privacy_problems(f"client {request.client!r}")
+            eps_b, delta_b = request.client_budget
+            check_epsilon(eps_b, problems, name="budget_epsilon")
+            check_delta(delta_b, problems, name="budget_delta", allow_zero=True)
+            problems.raise_if_any()
+        return _Prepared(request, guarantee, eps_c, delta_c)
+
+    def _answer_one(self, item: "_Prepared", rng: np.random.Generator,
+                    seeded: bool) -> "Answered":
+        conn = self._conn
+        mechanism, inputs = item.request.mechanism, item.request.inputs
+        source = inputs.source
+        row = conn.execute("SELECT dataset_sha256 FROM ledger_meta").fetchone()
+        if row[0] is not None and row[0] != source.dataset_sha256:
+            raise PrivacyError(f"the ledger {self.path} accounts for another dataset than these "
+                               f"inputs come from: one ledger per private dataset")
+        ids = list(inputs.query_ids)
+        cached = _cached_labels(conn, source.source_id, mechanism.name, ids)
+        labels = np.full(len(ids), REFUSED, dtype=np.int64)
+        hit = np.zeros(len(ids), dtype=bool)
+        first: dict[str, int] = {}
+        for i, h in enumerate(ids):
+            if h in cached:
+                labels[i], hit[i] = cached[h], True
+            else:
+                first.setdefault(h, i)
+        new = np.array(sorted(first.values()), dtype=np.int64)
+        answered = Answered(labels, hit, item.guarantee, mechanism.name, item.eps_c,
+                            item.delta_c, seeded, mechanism.per_query)
+        if len(new) == 0:
+            return answered
+        note = f"relation={self.relation}; {item.guarantee.note}"
+        if seeded:
+            note += "; INSECURE seeded noise (test generator)"
+        if item.request.client:
+            note += f"; client {item.request.client}"
+        if mechanism.per_query:
+            fresh, charges = self._answer_per_query(item, inputs.subset(new), rng, seeded, note)
+            sessions_opened, closed = 0, False
+        else:
+            fresh, charges, sessions_opened, closed = self._answer_session(
+                item, inputs.subset(new), rng, seeded, note)
+        if row[0] is None:
+            conn.execute("UPDATE ledger_meta SET dataset_sha256 = ?", (source.dataset_sha256,))
+        labels[new] = fresh
+        by_hash = {ids[i]: int(labels[i]) for i in new}
+        for i, h in enumerate(ids):            # repeats within the request: the first's label
+            if not hit[i]:
+                labels[i] = by_hash[h]
+        return dataclasses.replace(answered, charges=charges, sessions_opened=sessions_opened,
+                                   session_closed=closed)
+
+    def _record(self, item: "_Prepared", hashes: Sequence[str], count: int, seeded: bool,
+                note: str) -> list[int]:
+        """Charge `count` rows (after the budget checks) and return their ids."""
+        request = item.request
+        self._check_budget(item.eps_c, item.delta_c, count)
+        if request.client_budget is not None:
+            self._check_client_budget(request.client, request.client_budget, item.eps_c,
+                                      item.delta_c, count)
+        conn, now = self._conn, _now()
+        ids = []
+        for h in hashes:
+            cur = conn.execute(
+                "INSERT INTO releases (time, source_id, query_hash, mechanism, epsilon, delta, "
+                "seeded, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (now, request.inputs.source.source_id, h, request.mechanism.name,
+                 float(item.eps_c), float(item.delta_c), int(seeded), note))
+            ids.append(cur.lastrowid)
+        if request.client:
+            conn.executemany("INSERT INTO release_clients (release_id, client) VALUES (?, ?)",
+                             [(i, request.client) for i in ids])
+        return ids
+
+    def _answer_per_query(self, item, inputs, rng, seeded, note):
+        hashes = list(inputs.query_ids)
+        release_ids = self._record(item, hashes, len(hashes), seeded, note)
+        labels = self._draw(item.request.mechanism, inputs, rng)
+        _store_answers(self._conn, inputs.source.source_id, item.request.mechanism.name,
+                       hashes, labels, release_ids)
+        return labels, len(hashes)
+
+    def _answer_session(self, item, inputs, rng, seeded, note):
+        """Queries of a stability-gated session mechanism, within the client's open session,
+        opening (and charging) a new one whenever the last one closed."""
+        conn, mechanism = self._conn, item.request.mechanism
+        client, source_id = item.request.client, inputs.source.source_id
+        params = repr(mechanism)
+        labels = np.full(inputs.n_queries, REFUSED, dtype=np.int64)
+        charges = opened = 0
+        closed = False
+        done = 0
+        row = conn.execute("SELECT params, release_id, rho, tops FROM sessions WHERE client = ? "
+                           "AND source_id = ? AND mechanism = ?",
+                           (client, source_id, mechanism.name)).fetchone()
+        state = session_id = None
+        if row is not None and row[0] == params:
+            session_id, state = row[1], mechanism.session_state(int(row[2]), int(row[3]))
+        while done < inputs.n_queries:
+            rest = inputs.subset(slice(done, None))
+            if state is None:
+                session_hash = hashlib.sha256(
+                    "|".join(rest.query_ids).encode()).hexdigest()
+                # a refusal here leaves the queries answered so far with their session's
+                # record; the others stay unanswered (no charge, no label)
+                try:
+                    session_id = self._record(item, [session_hash], 1, seeded,
+                                              f"{note}; a session across requests")[0]
+                except BudgetExceededError:
+                    if done == 0:
+                        raise
+                    break
+                state = mechanism.open_session(rng)
+                charges, opened = charges + 1, opened + 1
+            try:
+                part, state, answered = mechanism.continue_session(rest, state, rng)
+            except Exception as exc:
+                raise PrivacyError(f"{mechanism.name}: drawing the labels failed "
+                                   f"({type(exc).__name__})") from None
+            labels[done:done + answered] = part[:answered]
+            _store_answers(conn, source_id, mechanism.name,
+                           list(rest.query_ids)[:answered], part[:answered],
+                           [session_id] * answered)
+            done += answered
+            if mechanism.session_closed(state):
+                closed = True
+                conn.execute("INSERT OR REPLACE INTO sessions (client, source_id, mechanism, "
+                             "params, release_id, rho, tops) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             (client, source_id, mechanism.name, params, session_id,
+                              state.rho, state.tops))
+                state = None
+        if state is not None:
+            conn.execute("INSERT OR REPLACE INTO sessions (client, source_id, mechanism, params, "
+                         "release_id, rho, tops) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (client, source_id, mechanism.name, params, session_id, state.rho,
+                          state.tops))
+        return labels, charges, opened, closed
+
+    @staticmethod
+    def _draw(mechanism: Mechanism, inputs, rng) -> NDArray[np.int64]:
+        try:
+            return mechanism.release(inputs, rng)
+        except Exception as exc:
+            # every parameter and input was checked before; the message names only the
+            # error's type: its text may hold private values. The transaction rolls back.
+            raise PrivacyError(f"{mechanism.name}: drawing the labels failed "
+                               f"({type(exc).__name__}); nothing was recorded or released"
+                               ) from None
+
+    def _check_client_budget(self, client: str, budget: tuple[float, float], epsilon: float,
+                             delta: float, count: int) -> None:
+        """Raise BudgetExceededError unless `count` more charges fit the client's own budget
+        (composed by the ledger's accountant, like the ledger's)."""
+        rows = self._conn.execute("SELECT epsilon, delta, count FROM client_totals WHERE "
+                                  "client = ?", (client,)).fetchall()
+        recorded = [(float(e), float(d), int(c)) for e, d, c in rows]
+        eps_b, delta_b = float(budget[0]), float(budget[1])
+        total = self.accountant.compose_groups(
+            sorted(recorded + [(float(epsilon), float(delta), int(count))]), delta_budget=delta_b)
+        if total.fits(eps_b, delta_b):
+            return
+        spent = self.accountant.compose_groups(sorted(recorded), delta_budget=delta_b) \
+            if recorded else None
+        raise BudgetExceededError(
+            f"client {client}: {count} charge(s) at (eps={epsilon!r}, delta={delta!r}) would "
+            f"bring its total to (eps={total.epsilon!r}, delta={total.delta!r}), over its "
+            f"budget (eps={eps_b!r}, delta={delta_b!r}) of which (eps="
+            f"{0.0 if spent is None else spent.epsilon!r}, delta="
+            f"{0.0 if spent is None else spent.delta!r}) is spent; nothing was released")
+
+    def client_spent(self, client: str) -> Composition | None:
+        """A client's composed charges (None before the answering door recorded any)."""
+        if not self._has_totals():
+            return None
+        rows = self._conn.execute("SELECT epsilon, delta, count FROM client_totals WHERE "
+                                  "client = ?", (client,)).fetchall()
+        if not rows:
+            return None
+        return self.accountant.compose_groups(sorted((float(e), float(d), int(c))
+                                                     for e, d, c in rows),
+                                              delta_budget=self.budget_delta)
+
     def check_release(self, mechanism: Mechanism, inputs) -> None:
         """Every check `release` makes before it records anything (inputs, relation, the
         fixed per-query guarantee, the budget), recording nothing: a dry run, e.g. on an
@@ -613,3 +914,106 @@ def _sqlite_reason(exc: sqlite3.Error) -> str:
     if "locked" in text:
         return "another process holds it locked; try again"
     return text
+
+
+# -- the answering door's records ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class AnswerRequest:
+    """One request to `Ledger.answer_batch`: a mechanism, its inputs (with every query's
+    hash as ``query_ids``), the client who asks (a key's id; "" for none) and the client's
+    own budget (None: only the ledger's caps it)."""
+
+    mechanism: Mechanism
+    inputs: object
+    client: str = ""
+    client_budget: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class Answered:
+    """What `answer_batch` released for one request: a label per query (REFUSED = -1 where
+    the mechanism gave no answer), which came from earlier releases (``cached``), and the
+    guarantee. ``charges`` new charges of (charged_epsilon, charged_delta) each were recorded:
+    one per new query, or one per session opened (``sessions_opened``);
+    ``session_closed``: a session reached its cutoff within this request."""
+
+    labels: NDArray[np.int64]
+    cached: NDArray[np.bool_]
+    guarantee: Guarantee
+    mechanism: str
+    charged_epsilon: float
+    charged_delta: float
+    seeded: bool
+    per_query: bool = True
+    charges: int = 0
+    sessions_opened: int = 0
+    session_closed: bool = False
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    request: AnswerRequest
+    guarantee: Guarantee
+    eps_c: float
+    delta_c: float
+
+
+# One statement each (sqlite3's executescript would COMMIT the open transaction first).
+_ANSWER_SCHEMA = (
+    """CREATE TABLE spend_totals (epsilon REAL NOT NULL, delta REAL NOT NULL,
+        count INTEGER NOT NULL, PRIMARY KEY (epsilon, delta))""",
+    """INSERT INTO spend_totals (epsilon, delta, count)
+        SELECT epsilon, delta, COUNT(*) FROM releases GROUP BY epsilon, delta""",
+    """CREATE TRIGGER releases_total AFTER INSERT ON releases BEGIN
+        INSERT INTO spend_totals (epsilon, delta, count) VALUES (NEW.epsilon, NEW.delta, 1)
+        ON CONFLICT (epsilon, delta) DO UPDATE SET count = count + 1; END""",
+    """CREATE TABLE release_clients (release_id INTEGER PRIMARY KEY, client TEXT NOT NULL)""",
+    """CREATE TABLE client_totals (client TEXT NOT NULL, epsilon REAL NOT NULL,
+        delta REAL NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (client, epsilon, delta))""",
+    """CREATE TRIGGER client_total AFTER INSERT ON release_clients BEGIN
+        INSERT INTO client_totals (client, epsilon, delta, count)
+        SELECT NEW.client, epsilon, delta, 1 FROM releases WHERE id = NEW.release_id
+        ON CONFLICT (client, epsilon, delta) DO UPDATE SET count = count + 1; END""",
+    """CREATE TABLE answers (source_id TEXT NOT NULL, mechanism TEXT NOT NULL,
+        query_hash TEXT NOT NULL, label INTEGER NOT NULL, release_id INTEGER NOT NULL,
+        PRIMARY KEY (source_id, mechanism, query_hash))""",
+    """CREATE TABLE sessions (client TEXT NOT NULL, source_id TEXT NOT NULL,
+        mechanism TEXT NOT NULL, params TEXT NOT NULL, release_id INTEGER NOT NULL,
+        rho INTEGER NOT NULL, tops INTEGER NOT NULL,
+        PRIMARY KEY (client, source_id, mechanism))""",
+) + tuple(
+    f"""CREATE TRIGGER {table}_no_{verb} BEFORE {verb.upper()} ON {table}
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END"""
+    for table in ("answers", "release_clients") for verb in ("update", "delete"))
+
+
+def _ensure_answer_tables(conn: sqlite3.Connection) -> None:
+    """Create the answering door's tables on first use (inside the caller's transaction),
+    the running totals filled from the charges already recorded."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'answers'"
+                    ).fetchone() is not None:
+        return
+    for statement in _ANSWER_SCHEMA:
+        conn.execute(statement)
+
+
+def _cached_labels(conn: sqlite3.Connection, source_id: str, mechanism: str,
+                   hashes: Sequence[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    unique = list(dict.fromkeys(hashes))
+    for start in range(0, len(unique), 500):
+        chunk = unique[start:start + 500]
+        rows = conn.execute(
+            f"SELECT query_hash, label FROM answers WHERE source_id = ? AND mechanism = ? AND "
+            f"query_hash IN ({', '.join('?' * len(chunk))})", (source_id, mechanism, *chunk))
+        out.update((h, int(label)) for h, label in rows)
+    return out
+
+
+def _store_answers(conn: sqlite3.Connection, source_id: str, mechanism: str,
+                   hashes: Sequence[str], labels: ArrayLike, release_ids: Sequence[int]) -> None:
+    conn.executemany("INSERT INTO answers (source_id, mechanism, query_hash, label, release_id) "
+                     "VALUES (?, ?, ?, ?, ?)",
+                     [(source_id, mechanism, h, int(label), int(r))
+                      for h, label, r in zip(hashes, np.asarray(labels), release_ids)])

@@ -304,6 +304,15 @@ def svt_threshold(eps_gate: float, cutoff: int, delta: float, eps_total: float) 
 
 
 @dataclass(frozen=True)
+class GateState:
+    """A stability-gated session between queries: the current threshold noise rho and the
+    number of unstable queries met (the session is closed at the cutoff)."""
+
+    rho: int
+    tops: int
+
+
+@dataclass(frozen=True)
 class SparseVectorGate(Mechanism):
     """One stability-gated session over the queries of a release (module docstring)."""
 
@@ -371,14 +380,58 @@ class SparseVectorGate(Mechanism):
                             else "") + "; (eps, delta) for the whole session")
 
     def _draw(self, inputs, rng):
+        out, _, _ = self._answer(inputs, self._open(rng), rng)
+        return out
+
+    # -- a session across releases (the prediction service): the same draws, in the same
+    # order, with the gate's state kept between calls. The state (the current threshold
+    # noise) is owner-only: it never leaves the process or the ledger file.
+    def open_session(self, rng: np.random.Generator) -> "GateState":
+        """A new session's state: a fresh threshold noise, no unstable query met yet. The
+        caller charges the session's guarantee before it draws (`Ledger.answer`)."""
+        if not isinstance(rng, np.random.Generator):
+            raise PrivacyError("a session needs a numpy Generator")
+        return self._open(rng)
+
+    def continue_session(self, inputs, state: "GateState", rng: np.random.Generator
+                         ) -> tuple[NDArray[np.int64], "GateState", int]:
+        """Answer the queries of `inputs` in order within the session `state`.
+
+        Returns:
+            (labels, state after them, answered): the first `answered` labels are the
+            session's answers (REFUSED where the fallback refuses); the session closed after
+            them when answered < the number of queries (its cutoff of unstable queries was
+            reached), and the rest are for a new session."""
+        self.check(inputs)
+        if not isinstance(rng, np.random.Generator):
+            raise PrivacyError("a session needs a numpy Generator")
+        if not (isinstance(state, GateState) and 0 <= state.tops < self.cutoff):
+            raise PrivacyError(f"{self.name}: not an open session's state")
+        return self._answer(inputs, state, rng)
+
+    def session_state(self, rho: int, tops: int) -> "GateState | None":
+        """A stored session's state (its threshold noise and unstable queries met), or None
+        when that session is closed."""
+        state = GateState(int(rho), int(tops))
+        return None if self.session_closed(state) else state
+
+    def session_closed(self, state: "GateState") -> bool:
+        """Whether the session reached its cutoff (a new one must be opened and charged)."""
+        return state.tops >= self.cutoff
+
+    def _open(self, rng) -> "GateState":
+        return GateState(discrete_laplace(self.rates[0], rng), 0)
+
+    def _answer(self, inputs, state: "GateState", rng):
         answer, radius = answer_and_radius(inputs)
         rate_rho, rate_nu = self.rates
         t = self.threshold
         out = np.full(answer.shape, REFUSED, dtype=np.int64)
-        tops = 0
-        rho = discrete_laplace(rate_rho, rng)
+        tops, rho = state.tops, state.rho
+        answered = len(answer)
         for i in range(len(answer)):
             if tops >= self.cutoff:
+                answered = i
                 break
             nu = discrete_laplace(rate_nu, rng)
             if -int(radius[i]) + nu >= -t + rho:          # unstable: fallback, one of c
@@ -389,7 +442,7 @@ class SparseVectorGate(Mechanism):
                 rho = discrete_laplace(rate_rho, rng)
             else:
                 out[i] = answer[i]
-        return out
+        return out, GateState(int(rho), int(tops)), answered
 
     def _correct(self, inputs, y):
         answer, radius = answer_and_radius(inputs)

@@ -92,13 +92,21 @@ def test_no_import_circle():
             visit(m)
 
 
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def test_layers_point_one_way():
+    """The application layer (the command line and the prediction service) sits on top;
+    only the command line imports the service."""
     problems = []
     for module, targets in GRAPH.items():
-        in_cli = module == "agt.cli" or module.startswith("agt.cli.")
+        in_cli = _in(module, "agt.cli") or _in(module, "agt.service")
         for t in targets:
-            if (t == "agt.cli" or t.startswith("agt.cli.")) and not in_cli:
+            if _in(t, "agt.cli") and not _in(module, "agt.cli"):
                 problems.append(f"{module} imports the CLI ({t})")
+            if _in(t, "agt.service") and not in_cli:
+                problems.append(f"{module} imports the service ({t})")
             if module.startswith("agt") and not in_cli and t.startswith("mechanisms"):
                 problems.append(f"engine module {module} imports {t}")
             if module.startswith("mechanisms") and t.startswith("agt") and t != "agt.errors":
@@ -126,8 +134,8 @@ def _calls(module: str):
 
 def test_release_noise_is_drawn_only_inside_mechanism_objects():
     """No numpy-generator draw in mechanisms/ outside the modules that define mechanisms;
-    and only the ledger calls `mechanism.release` (experiments and the CLI go through
-    `Ledger.release`)."""
+    and only the ledger calls `mechanism.release` or a session's draws (experiments, the CLI
+    and the prediction service go through `Ledger.release` and `Ledger.answer_batch`)."""
     problems = []
     for module in MODULES:
         for call in _calls(module):
@@ -135,10 +143,11 @@ def test_release_noise_is_drawn_only_inside_mechanism_objects():
             if module.startswith("mechanisms") and name in NOISE_CALLS \
                     and module not in NOISE_MODULES:
                 problems.append(f"{module}:{call.lineno} draws {name}")
-            if name == "release" and module != "mechanisms.ledger":
+            if name in ("release", "open_session", "continue_session") and \
+                    module != "mechanisms.ledger":
                 owner = ast.unparse(call.func.value)
                 if "ledger" not in owner.lower():
-                    problems.append(f"{module}:{call.lineno} calls {owner}.release directly")
+                    problems.append(f"{module}:{call.lineno} calls {owner}.{name} directly")
     assert not problems, "; ".join(problems)
 
 
@@ -163,7 +172,7 @@ def test_importing_mechanisms_or_agt_loads_no_torch():
     """The registry, the ledger and the accountants need no tensors: ``import mechanisms``
     (and ``import agt``, which it reaches through agt.errors) stays cheap (PEP 562 facades)."""
     loaded = json.loads(_run_python(
-        "import json, sys, mechanisms, agt\n"
+        "import json, sys, mechanisms, agt, agt.client\n"
         "print(json.dumps([m for m in ('torch', 'h5py', 'opacus', 'scipy') if m in sys.modules]))"))
     assert loaded == []
 

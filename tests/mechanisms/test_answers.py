@@ -1,0 +1,201 @@
+"""The answering door of the ledger (`Ledger.answer_batch`, what the prediction service
+uses): released answers are kept and given again at no charge, clients have their own
+budgets under the dataset's, stability-gated sessions continue across requests exactly as one
+session would, a refusal charges and draws nothing, and nothing leaves without its record."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pytest
+
+from agt.errors import BudgetExceededError, PrivacyError
+from mechanisms import Certified, Ledger, Source, make_mechanism
+from mechanisms.ledger import AnswerRequest, hash_query
+
+SOURCE = Source("bundle-1", "a" * 64, ("replace-one",), True)
+
+
+def certified(n: int, seed: int, radius=None) -> Certified:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3))
+    r = rng.integers(-1, 12, size=n) if radius is None else np.full(n, radius)
+    return Certified(rng.integers(0, 2, size=n), r, 2, SOURCE,
+                     tuple(hash_query(q) for q in x))
+
+
+def rows(path) -> dict:
+    conn = sqlite3.connect(path)
+    try:
+        return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                for t in ("releases", "answers", "release_clients")}
+    finally:
+        conn.close()
+
+
+def test_a_query_asked_again_gets_its_label_at_no_charge(tmp_path):
+    db = tmp_path / "l.db"
+    inputs = certified(20, 1)
+    with Ledger.open(db, budget_epsilon=100.0) as ledger:
+        mech = make_mechanism("exp-radius", 0.5)
+        first = ledger.answer(mech, inputs, client="a")
+        assert first.charges == 20 and not first.cached.any()
+        again = ledger.answer(mech, inputs, client="b")
+        assert again.charges == 0 and again.cached.all()
+        assert np.array_equal(first.labels, again.labels)
+        assert ledger.spent().epsilon == pytest.approx(10.0)
+        # a repeat within one request is one query (charged once, one label)
+        twice = certified(3, 2)
+        doubled = twice.subset(np.array([0, 1, 0, 2, 1]))
+        out = ledger.answer(mech, doubled, client="a")
+        assert out.charges == 3
+        assert out.labels[0] == out.labels[2] and out.labels[1] == out.labels[4]
+    assert rows(db) == {"releases": 23, "answers": 23, "release_clients": 23}
+
+
+def test_client_budgets_under_the_dataset_cap(tmp_path):
+    mech = make_mechanism("exp-radius", 1.0)
+    with Ledger.open(tmp_path / "l.db", budget_epsilon=12.0) as ledger:
+        ledger.answer(mech, certified(5, 1), client="a", client_budget=(6.0, 0.0))
+        with pytest.raises(BudgetExceededError, match="client a"):
+            ledger.answer(mech, certified(2, 2), client="a", client_budget=(6.0, 0.0))
+        ledger.answer(mech, certified(1, 3), client="a", client_budget=(6.0, 0.0))
+        # the dataset caps every client together, whatever their own budgets
+        ledger.answer(mech, certified(6, 4), client="b", client_budget=(10.0, 0.0))
+        with pytest.raises(BudgetExceededError, match="over the budget"):
+            ledger.answer(mech, certified(1, 5), client="c", client_budget=(10.0, 0.0))
+        assert ledger.spent().epsilon == pytest.approx(12.0)
+        assert ledger.client_spent("a").epsilon == pytest.approx(6.0)
+        assert ledger.client_spent("b").epsilon == pytest.approx(6.0)
+        assert ledger.client_spent("c") is None
+
+
+def test_a_batch_answers_in_order_and_a_refused_request_records_nothing(tmp_path):
+    mech = make_mechanism("exp-radius", 1.0)
+    db = tmp_path / "l.db"
+    with Ledger.open(db, budget_epsilon=10.0) as ledger:
+        out = ledger.answer_batch([AnswerRequest(mech, certified(6, 1), "a"),
+                                   AnswerRequest(mech, certified(6, 2), "b"),
+                                   AnswerRequest(mech, certified(4, 3), "c")])
+        assert out[0].charges == 6
+        assert isinstance(out[1], BudgetExceededError)      # 6 more would pass 10
+        assert out[2].charges == 4
+        assert ledger.spent().epsilon == pytest.approx(10.0)
+    assert rows(db)["releases"] == 10 == rows(db)["answers"]
+
+
+def test_a_failed_draw_rolls_the_whole_transaction_back(tmp_path):
+    """Labels are drawn before the commit: a failure there leaves no record (and no label
+    has left)."""
+    mech = make_mechanism("exp-radius", 1.0)
+    db = tmp_path / "l.db"
+
+    class Broken:
+        def integers(self, *a, **k):
+            raise RuntimeError("entropy ran out")
+
+    with Ledger.open(db, budget_epsilon=100.0) as ledger:
+        ledger.answer(mech, certified(3, 1), client="a")
+        out = ledger.answer_batch([AnswerRequest(mech, certified(4, 2), "a")],
+                                  insecure_rng=Broken())
+        assert isinstance(out[0], PrivacyError) and "nothing was recorded" in str(out[0])
+        assert ledger.spent().epsilon == pytest.approx(3.0)
+    assert rows(db) == {"releases": 3, "answers": 3, "release_clients": 3}
+
+
+def test_answering_needs_query_hashes_and_a_per_query_or_gated_mechanism(tmp_path):
+    inputs = certified(3, 1)
+    with Ledger.open(tmp_path / "l.db", budget_epsilon=10.0, budget_delta=1e-3) as ledger:
+        no_ids = Certified(inputs.prediction, inputs.radius, 2, SOURCE)
+        with pytest.raises(PrivacyError, match="hash"):
+            ledger.answer(make_mechanism("exp-radius", 1.0), no_ids)
+        with pytest.raises(PrivacyError, match="one release as one session"):
+            ledger.answer(make_mechanism("df-exp-zcdp", 1.0, 1e-6),
+                          _votes(inputs))
+        assert ledger.spent().epsilon == 0
+
+
+def _votes(inputs):
+    from mechanisms import Votes
+    votes = np.stack([inputs.prediction] * 3, axis=1)
+    return Votes(votes, None, 2, SOURCE, inputs.query_ids)
+
+
+@pytest.mark.parametrize("cuts", [(7, 8, 25), (1, 2, 3, 30), ()])
+def test_a_gated_session_across_requests_is_one_session(tmp_path, cuts):
+    """The same draws in the same order: answering in several requests gives the labels of
+    one release until the first session closes; then the next request opens (and charges)
+    a new session instead of refusing."""
+    svt = make_mechanism("svt", 1.0, 1e-5, cutoff=3)
+    inputs = certified(40, 5)
+    one = svt.release(inputs, np.random.default_rng(11))
+    with Ledger.open(tmp_path / "l.db", budget_epsilon=1000.0, budget_delta=0.5) as ledger:
+        rng = np.random.default_rng(11)
+        labels, bounds, opened = [], (0, *cuts, 40), 0
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            out = ledger.answer(svt, inputs.subset(slice(start, stop)), client="a",
+                                insecure_rng=rng)
+            labels.append(out.labels)
+            opened += out.sessions_opened
+            assert out.charges == out.sessions_opened
+        labels = np.concatenate(labels)
+        closed_at = _first_close(svt, inputs)
+        assert 0 < closed_at < 40
+        assert np.array_equal(labels[:closed_at], one[:closed_at])
+        assert (one[closed_at:] == -1).all() and (labels[closed_at:] >= 0).all()
+        assert opened >= 2 and ledger.spent().epsilon == pytest.approx(opened * 1.0)
+
+
+def _first_close(svt, inputs) -> int:
+    """How many queries the first session answers (the same generator as the release)."""
+    rng = np.random.default_rng(11)
+    state = svt.open_session(rng)
+    _, state, answered = svt.continue_session(inputs, state, rng)
+    return answered
+
+
+def test_a_session_state_survives_reopening_the_ledger(tmp_path):
+    svt = make_mechanism("svt", 1.0, 1e-5, cutoff=50)
+    inputs = certified(30, 6, radius=40)
+    db = tmp_path / "l.db"
+    with Ledger.open(db, budget_epsilon=10.0, budget_delta=1e-3) as ledger:
+        first = ledger.answer(svt, inputs.subset(slice(0, 10)), client="a")
+        assert first.sessions_opened == 1
+    with Ledger.open(db) as ledger:
+        later = ledger.answer(svt, inputs.subset(slice(10, 30)), client="a")
+        assert later.sessions_opened == 0 and later.charges == 0
+        assert ledger.spent().epsilon == pytest.approx(1.0)
+        # another client has a session of its own
+        other = ledger.answer(svt, certified(5, 7, radius=40), client="b")
+        assert other.sessions_opened == 1
+
+
+def test_released_answers_are_never_replaced(tmp_path):
+    db = tmp_path / "l.db"
+    with Ledger.open(db, budget_epsilon=10.0) as ledger:
+        ledger.answer(make_mechanism("exp-radius", 1.0), certified(2, 1), client="a")
+    conn = sqlite3.connect(db)
+    for statement in ("UPDATE answers SET label = 1 - label", "DELETE FROM answers",
+                      "DELETE FROM release_clients"):
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            conn.execute(statement)
+    conn.close()
+
+
+def test_running_totals_match_the_charges(tmp_path):
+    """The budget check reads running totals kept by a trigger; they start from the charges
+    recorded before the answering door first ran, and follow every later charge."""
+    db = tmp_path / "l.db"
+    mech = make_mechanism("exp-radius", 0.25)
+    with Ledger.open(db, budget_epsilon=100.0) as ledger:
+        ledger.release(mech, certified(7, 1))                 # before the tables exist
+        ledger.answer(make_mechanism("exp-radius", 0.5), certified(5, 2), client="a")
+        ledger.release(mech, certified(3, 3))                 # after
+        assert ledger.spent().epsilon == pytest.approx(7 * 0.25 + 5 * 0.5 + 3 * 0.25)
+    conn = sqlite3.connect(db)
+    totals = dict(((e, d), c) for e, d, c in conn.execute("SELECT * FROM spend_totals"))
+    scan = dict(((e, d), c) for e, d, c in conn.execute(
+        "SELECT epsilon, delta, COUNT(*) FROM releases GROUP BY epsilon, delta"))
+    conn.close()
+    assert totals == scan == {(0.25, 0.0): 10, (0.5, 0.0): 5}
