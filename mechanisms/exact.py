@@ -24,6 +24,10 @@ went over e^eps the same way. The samplers below draw from the exact distributio
   (d_j >= 0 rational, min d_j = 0), by rejection: a uniform class j is accepted with
   probability exp(-d_j) (`bernoulli_exp`); the accepted class has exactly that law, and
   at most C proposals are needed on average (the class of deficit 0 is always accepted).
+* `bernoulli_ratios`, `bernoulli_exps`: the same laws as `bernoulli` and `bernoulli_exp`
+  for many independent draws at once, the generator's 62-bit integers drawn in bulk (a
+  draw consumes the generator's output in another order than the one-at-a-time functions,
+  so seeded runs differ; the laws do not).
 * `bernoulli_arctan_over_pi(x)`, x >= 0 rational: Bernoulli(arctan(x) / pi), the flip
   probability of a binary Cauchy release (mechanisms/noise.py). p is irrational, so u is
   compared with rigorous rational enclosures lo <= p <= hi, and more digits of u and of p
@@ -133,6 +137,86 @@ def exponential_choice(deficits: list[Fraction], rng: np.random.Generator) -> in
         j = int(rng.integers(0, len(deficits)))
         if bernoulli_exp(deficits[j], rng):
             return j
+
+
+# -- many draws at once: the same laws, the generator's integers drawn in bulk ---------------
+
+def bernoulli_ratios(nums: list[int], dens: list[int], rng: np.random.Generator
+                     ) -> np.ndarray:
+    """One draw of Bernoulli(nums[i] / dens[i]) per lane, exactly (`bernoulli`'s law).
+
+    A lane's uniform u is compared with its p through u's first 62 bits, drawn for every
+    lane at once: those bits U, as an integer, against P = floor(p 2^62): U < P means
+    u < p and U > P means u > p; U = P (probability 2^-62) goes on with the next bits
+    against the rest of p's digits, as `bernoulli` does (`_bernoulli_ratio`)."""
+    n = len(nums)
+    out = np.zeros(n, dtype=bool)
+    undecided = []
+    for i, (num, den) in enumerate(zip(nums, dens)):
+        if num >= den:
+            out[i] = True
+        elif num > 0:
+            undecided.append(i)
+    if not undecided:
+        return out
+    bits = np.asarray(rng.integers(0, 1 << _BITS, size=len(undecided))).tolist()
+    for i, u in zip(undecided, bits):
+        scaled = nums[i] << _BITS
+        p_top, rest = divmod(scaled, dens[i])
+        if u != p_top:
+            out[i] = u < p_top
+        else:
+            out[i] = _bernoulli_ratio(rest, dens[i], rng)
+    return out
+
+
+def bernoulli_exps(nums: list[int], dens: list[int], rng: np.random.Generator) -> np.ndarray:
+    """One draw of Bernoulli(exp(-nums[i] / dens[i])) per lane (gamma >= 0), exactly
+    (`bernoulli_exp`'s algorithm, every lane's steps taken together)."""
+    n = len(nums)
+    alive = np.ones(n, dtype=bool)
+    whole, rest = [], []
+    for num, den in zip(nums, dens):
+        if num < 0:
+            raise ValueError(f"bernoulli_exps needs gamma >= 0, got {num}/{den}")
+        w, r = divmod(num, den)
+        whole.append(w)
+        rest.append(r)
+    # floor(gamma) draws of Bernoulli(exp(-1)) each, stopping at a lane's first failure
+    left = list(whole)
+    todo = [i for i in range(n) if left[i] > 0]
+    while todo:
+        ok = _bernoulli_exp_units([1] * len(todo), [1] * len(todo), rng)
+        nxt = []
+        for i, success in zip(todo, ok):
+            if not success:
+                alive[i] = False
+            else:
+                left[i] -= 1
+                if left[i] > 0:
+                    nxt.append(i)
+        todo = nxt
+    last = np.flatnonzero(alive)
+    if last.size:
+        alive[last] = _bernoulli_exp_units([rest[i] for i in last], [dens[i] for i in last],
+                                           rng)
+    return alive
+
+
+def _bernoulli_exp_units(nums: list[int], dens: list[int], rng: np.random.Generator
+                         ) -> np.ndarray:
+    """Bernoulli(exp(-num / den)) per lane for num / den in [0, 1]: `_bernoulli_exp_unit`
+    (K = the first k with A_k = 0, A_k ~ Bernoulli(gamma / k); true iff K is odd)."""
+    n = len(nums)
+    k = np.ones(n, dtype=np.int64)
+    todo = list(range(n))
+    while todo:
+        kk = [int(k[i]) for i in todo]
+        more = bernoulli_ratios([nums[i] for i in todo],
+                                [dens[i] * j for i, j in zip(todo, kk)], rng)
+        k[np.asarray(todo)[more]] += 1
+        todo = [i for i, m in zip(todo, more) if m]
+    return k % 2 == 1
 
 
 def uniform_below(m: int, rng: np.random.Generator) -> int:

@@ -59,10 +59,11 @@ from mechanisms.noise import REFUSED, make_generator
 FORMAT_VERSION = 2
 _TABLES = {"ledger_meta", "releases", "sqlite_sequence"}
 #: tables the answering door (`Ledger.answer_batch`) adds on first use: running totals of the
-#: charges (so a budget check reads a few rows, not every charge), the client of each charge,
-#: the released answers (the cache: asked again, a query gets its released label at no new
-#: charge) and the open stability-gated sessions
-_ANSWER_TABLES = {"spend_totals", "release_clients", "client_totals", "answers", "sessions"}
+#: charges, all and per client (so a budget check reads a few rows, not every charge; every
+#: insert into `releases` adds to them in its transaction), the released answers (the cache:
+#: asked again, a query gets its released label at no new charge) and the open
+#: stability-gated sessions
+_ANSWER_TABLES = {"spend_totals", "client_totals", "answers", "sessions"}
 _FIXED_ACCOUNTANTS = ("best", "advanced", "tight")
 
 # One statement each: sqlite3's executescript would COMMIT the open transaction first.
@@ -96,7 +97,7 @@ _SCHEMA = (
 )
 
 __all__ = ["Ledger", "Release", "LedgerEntry", "AnswerRequest", "Answered", "hash_query",
-           "default_ledger_path"]
+           "hash_queries", "default_ledger_path"]
 
 
 def hash_query(query: ArrayLike) -> str:
@@ -107,6 +108,17 @@ def hash_query(query: ArrayLike) -> str:
     digest.update(f"{arr.dtype.str}|{arr.shape}|".encode())
     digest.update(arr.tobytes())
     return digest.hexdigest()
+
+
+def hash_queries(queries: ArrayLike) -> list[str]:
+    """`hash_query` of every row of ``queries`` (one query per row), computed together."""
+    arr = np.ascontiguousarray(np.asarray(queries))
+    if arr.ndim == 0:
+        raise PrivacyError("hash_queries needs an array with one query per row")
+    row = arr[0] if len(arr) else arr.reshape(arr.shape[1:])
+    prefix = f"{row.dtype.str}|{row.shape}|".encode()
+    flat = arr.reshape(len(arr), -1).view(np.uint8).reshape(len(arr), -1) if len(arr) else arr
+    return [hashlib.sha256(prefix + bytes(r)).hexdigest() for r in flat]
 
 
 def default_ledger_path(dataset_sha256: str) -> Path:
@@ -243,6 +255,8 @@ class Ledger:
         try:
             conn.execute("PRAGMA journal_mode = DELETE").fetchone()
             conn.execute("PRAGMA synchronous = FULL")
+            # up to 64 MiB of pages in memory: the answers' index is read at random
+            conn.execute("PRAGMA cache_size = -65536")
             conn.execute("BEGIN IMMEDIATE")
             try:
                 tables = {r[0] for r in conn.execute(
@@ -437,6 +451,8 @@ class Ledger:
                 "seeded, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(now, c.source_id, c.query_hash, c.mechanism, float(c.epsilon),
                   float(c.delta), int(c.seeded), c.note) for c in charges])
+            if self._has_totals():
+                _add_totals(conn, charges[0].epsilon, charges[0].delta, len(charges))
             conn.execute("COMMIT")
             self._dataset = dataset_sha256
         except sqlite3.Error as exc:
@@ -641,7 +657,11 @@ class Ledger:
                             item.delta_c, seeded, mechanism.per_query)
         if len(new) == 0:
             return answered
-        note = f"relation={self.relation}; {item.guarantee.note}"
+        # a short note per row (the mechanism's full statement is its name and parameters:
+        # `Mechanism.guarantee`); the answering door writes one row per query
+        g = item.guarantee
+        note = (f"relation={self.relation}; answered by {mechanism.name} at "
+                f"({g.epsilon!r}, {g.delta!r}) per {'query' if mechanism.per_query else 'session'}")
         if seeded:
             note += "; INSECURE seeded noise (test generator)"
         if item.request.client:
@@ -666,23 +686,26 @@ class Ledger:
                 note: str) -> list[int]:
         """Charge `count` rows (after the budget checks) and return their ids."""
         request = item.request
-        self._check_budget(item.eps_c, item.delta_c, count)
+        eps, delta = float(item.eps_c), float(item.delta_c)
+        self._check_budget(eps, delta, count)
         if request.client_budget is not None:
-            self._check_client_budget(request.client, request.client_budget, item.eps_c,
-                                      item.delta_c, count)
+            self._check_client_budget(request.client, request.client_budget, eps, delta,
+                                      count)
         conn, now = self._conn, _now()
-        ids = []
-        for h in hashes:
-            cur = conn.execute(
-                "INSERT INTO releases (time, source_id, query_hash, mechanism, epsilon, delta, "
-                "seeded, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (now, request.inputs.source.source_id, h, request.mechanism.name,
-                 float(item.eps_c), float(item.delta_c), int(seeded), note))
-            ids.append(cur.lastrowid)
-        if request.client:
-            conn.executemany("INSERT INTO release_clients (release_id, client) VALUES (?, ?)",
-                             [(i, request.client) for i in ids])
-        return ids
+        # ids are consecutive within this write transaction (AUTOINCREMENT, one writer)
+        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'releases'").fetchone()
+        start = 0 if row is None else int(row[0])
+        conn.executemany(
+            "INSERT INTO releases (time, source_id, query_hash, mechanism, epsilon, delta, "
+            "seeded, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(now, request.inputs.source.source_id, h, request.mechanism.name, eps, delta,
+              int(seeded), note) for h in hashes])
+        end = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'releases'"
+                           ).fetchone()[0]
+        if end != start + len(hashes):
+            raise PrivacyError("internal: the ledger's charge ids are not consecutive")
+        _add_totals(conn, eps, delta, len(hashes), request.client)
+        return list(range(start + 1, end + 1))
 
     def _answer_per_query(self, item, inputs, rng, seeded, note):
         hashes = list(inputs.query_ids)
@@ -965,27 +988,34 @@ _ANSWER_SCHEMA = (
         count INTEGER NOT NULL, PRIMARY KEY (epsilon, delta))""",
     """INSERT INTO spend_totals (epsilon, delta, count)
         SELECT epsilon, delta, COUNT(*) FROM releases GROUP BY epsilon, delta""",
-    """CREATE TRIGGER releases_total AFTER INSERT ON releases BEGIN
-        INSERT INTO spend_totals (epsilon, delta, count) VALUES (NEW.epsilon, NEW.delta, 1)
-        ON CONFLICT (epsilon, delta) DO UPDATE SET count = count + 1; END""",
-    """CREATE TABLE release_clients (release_id INTEGER PRIMARY KEY, client TEXT NOT NULL)""",
     """CREATE TABLE client_totals (client TEXT NOT NULL, epsilon REAL NOT NULL,
         delta REAL NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (client, epsilon, delta))""",
-    """CREATE TRIGGER client_total AFTER INSERT ON release_clients BEGIN
-        INSERT INTO client_totals (client, epsilon, delta, count)
-        SELECT NEW.client, epsilon, delta, 1 FROM releases WHERE id = NEW.release_id
-        ON CONFLICT (client, epsilon, delta) DO UPDATE SET count = count + 1; END""",
-    """CREATE TABLE answers (source_id TEXT NOT NULL, mechanism TEXT NOT NULL,
-        query_hash TEXT NOT NULL, label INTEGER NOT NULL, release_id INTEGER NOT NULL,
-        PRIMARY KEY (source_id, mechanism, query_hash))""",
+    # key: the first 16 bytes of SHA-256(source id | mechanism | query hash); small keys
+    # in one B-tree (no rowid) keep a commit's page writes few
+    """CREATE TABLE answers (key BLOB PRIMARY KEY, label INTEGER NOT NULL,
+        release_id INTEGER NOT NULL) WITHOUT ROWID""",
     """CREATE TABLE sessions (client TEXT NOT NULL, source_id TEXT NOT NULL,
         mechanism TEXT NOT NULL, params TEXT NOT NULL, release_id INTEGER NOT NULL,
         rho INTEGER NOT NULL, tops INTEGER NOT NULL,
         PRIMARY KEY (client, source_id, mechanism))""",
-) + tuple(
-    f"""CREATE TRIGGER {table}_no_{verb} BEFORE {verb.upper()} ON {table}
-        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END"""
-    for table in ("answers", "release_clients") for verb in ("update", "delete"))
+    """CREATE TRIGGER answers_no_update BEFORE UPDATE ON answers
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER answers_no_delete BEFORE DELETE ON answers
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+)
+
+
+def _add_totals(conn: sqlite3.Connection, epsilon: float, delta: float, count: int,
+                client: str = "") -> None:
+    """Add `count` charges of (epsilon, delta) to the running totals (and the client's)."""
+    conn.execute("INSERT INTO spend_totals (epsilon, delta, count) VALUES (?, ?, ?) "
+                 "ON CONFLICT (epsilon, delta) DO UPDATE SET count = count + excluded.count",
+                 (float(epsilon), float(delta), int(count)))
+    if client:
+        conn.execute("INSERT INTO client_totals (client, epsilon, delta, count) VALUES "
+                     "(?, ?, ?, ?) ON CONFLICT (client, epsilon, delta) DO UPDATE SET "
+                     "count = count + excluded.count",
+                     (client, float(epsilon), float(delta), int(count)))
 
 
 def _ensure_answer_tables(conn: sqlite3.Connection) -> None:
@@ -998,22 +1028,25 @@ def _ensure_answer_tables(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _answer_key(source_id: str, mechanism: str, query_hash: str) -> bytes:
+    return hashlib.sha256(f"{source_id}|{mechanism}|{query_hash}".encode()).digest()[:16]
+
+
 def _cached_labels(conn: sqlite3.Connection, source_id: str, mechanism: str,
                    hashes: Sequence[str]) -> dict[str, int]:
     out: dict[str, int] = {}
-    unique = list(dict.fromkeys(hashes))
+    keys = {_answer_key(source_id, mechanism, h): h for h in dict.fromkeys(hashes)}
+    unique = list(keys)
     for start in range(0, len(unique), 500):
         chunk = unique[start:start + 500]
-        rows = conn.execute(
-            f"SELECT query_hash, label FROM answers WHERE source_id = ? AND mechanism = ? AND "
-            f"query_hash IN ({', '.join('?' * len(chunk))})", (source_id, mechanism, *chunk))
-        out.update((h, int(label)) for h, label in rows)
+        rows = conn.execute(f"SELECT key, label FROM answers WHERE key IN "
+                            f"({', '.join('?' * len(chunk))})", chunk)
+        out.update((keys[k], int(label)) for k, label in rows)
     return out
 
 
 def _store_answers(conn: sqlite3.Connection, source_id: str, mechanism: str,
                    hashes: Sequence[str], labels: ArrayLike, release_ids: Sequence[int]) -> None:
-    conn.executemany("INSERT INTO answers (source_id, mechanism, query_hash, label, release_id) "
-                     "VALUES (?, ?, ?, ?, ?)",
-                     [(source_id, mechanism, h, int(label), int(r))
+    conn.executemany("INSERT INTO answers (key, label, release_id) VALUES (?, ?, ?)",
+                     [(_answer_key(source_id, mechanism, h), int(label), int(r))
                       for h, label, r in zip(hashes, np.asarray(labels), release_ids)])

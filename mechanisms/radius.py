@@ -84,7 +84,7 @@ from numpy.typing import ArrayLike, NDArray
 from agt.errors import PrivacyError
 from mechanisms.base import REFUSED, Mechanism, register
 from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
-from mechanisms.exact import discrete_laplace, exponential_choice
+from mechanisms.exact import bernoulli_exps, discrete_laplace
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified, Votes
 from mechanisms.noise import (
@@ -133,11 +133,23 @@ def exp_draw(answer: NDArray[np.int64], radius: NDArray[np.int64], epsilon: floa
     for the answer c and exp(-eps (r + 1)) for every other class, in rational arithmetic;
     a float draw realised another law, which an audit showed is not eps-DP)."""
     eps = Fraction(float(epsilon))
-    out = np.empty(np.shape(answer), dtype=np.int64)
-    for q, (c, r) in enumerate(zip(np.asarray(answer).tolist(), np.asarray(radius).tolist())):
-        other = eps * (int(r) + 1)
-        out[q] = exponential_choice([Fraction(0) if y == c else other
-                                     for y in range(n_classes)], rng)
+    answer = np.asarray(answer, dtype=np.int64)
+    radius = np.asarray(radius, dtype=np.int64)
+    out = np.full(answer.shape, REFUSED, dtype=np.int64)
+    # `exponential_choice` for every query at once: a uniform class per query, the answer
+    # always kept, another class kept with probability exp(-eps (r + 1)) (`bernoulli_exps`),
+    # again for the queries whose proposal was not kept
+    active = np.arange(answer.size)
+    while active.size:
+        proposal = rng.integers(0, n_classes, size=active.size)
+        keep = proposal == answer[active]
+        other = np.flatnonzero(~keep)
+        if other.size:
+            gammas = [eps * (int(r) + 1) for r in radius[active[other]].tolist()]
+            keep[other] = bernoulli_exps([g.numerator for g in gammas],
+                                         [g.denominator for g in gammas], rng)
+        out[active[keep]] = proposal[keep]
+        active = active[~keep]
     return out
 
 

@@ -30,7 +30,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from agt.errors import BudgetExceededError, DataError, PrivacyError
 from agt.service.keys import KeyStore, Principal
@@ -122,11 +122,14 @@ def create_app(service: PredictionService, keys_path: str | Path, *,
         size = request.headers.get("content-length")
         if size is not None and (not size.isdigit() or int(size) > max_body_bytes):
             raise Refusal(413, f"the request body is over {max_body_bytes} bytes")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_body_bytes:
-                raise Refusal(413, f"the request body is over {max_body_bytes} bytes")
+        if size is not None:
+            body = await request.body()            # its length is checked above
+        else:                                      # chunked: count as it comes
+            body = bytearray()
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > max_body_bytes:
+                    raise Refusal(413, f"the request body is over {max_body_bytes} bytes")
         try:
             data = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -180,7 +183,7 @@ def create_app(service: PredictionService, keys_path: str | Path, *,
         if not answered.per_query:
             out["session"] = {"opened": answered.sessions_opened,
                               "closed": answered.session_closed}
-        return out
+        return Response(json.dumps(out).encode(), media_type="application/json")
 
     @app.get("/v1/budget")
     async def budget(request: Request):

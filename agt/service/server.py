@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from agt.service.keys import Principal
 
 #: the most queries the worker takes into one batch (requests are never split)
 BATCH_QUERIES = 4096
+#: seconds the worker waits for more requests to join a batch
+BATCH_WAIT = 0.002
 
 
 @dataclass(frozen=True)
@@ -47,12 +50,14 @@ class PredictionService:
             existing ledger keeps its own; values that differ are refused).
         device: where to certify.
         max_batch_queries: the most queries answered in one ledger transaction.
+        batch_wait: seconds to wait for more requests to join a batch.
     """
 
     def __init__(self, source, mechanism, ledger: str | Path, *,
                  budget_epsilon: float | None = None, budget_delta: float | None = None,
                  accountant: str | None = None, relation: str | None = None,
-                 device: str = "cpu", max_batch_queries: int = BATCH_QUERIES):
+                 device: str = "cpu", max_batch_queries: int = BATCH_QUERIES,
+                 batch_wait: float = BATCH_WAIT):
         from agt.certify import Certifier
         from agt.ensemble import Ensemble, EnsembleCertifier
         from agt.store import Bundle
@@ -86,6 +91,7 @@ class PredictionService:
         #: the declared input domain (an L2 norm bound), where the bundle declares one
         self.input_norm_bound = None if bound is None else float(bound)
         self.max_batch_queries = int(max_batch_queries)
+        self.batch_wait = float(batch_wait)
         self._ledger_args = dict(budget_epsilon=budget_epsilon, budget_delta=budget_delta,
                                  accountant=accountant, relation=relation)
         self._ledger_path = str(ledger)
@@ -193,9 +199,12 @@ class PredictionService:
                     return
                 batch = [task]
                 size = len(task.payload) if task.kind == "predict" else 0
+                # requests that arrive within a moment of the first share its transaction
+                # (one disk sync) and its certification pass
+                deadline = time.monotonic() + self.batch_wait
                 while size < self.max_batch_queries:
                     try:
-                        nxt = self._queue.get_nowait()
+                        nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
                     except queue.Empty:
                         break
                     if nxt is None:
@@ -234,10 +243,10 @@ class PredictionService:
             task.future.set_exception(exc)
 
     def _inputs_for(self, x: np.ndarray, radii: bool = True):
-        from mechanisms.ledger import hash_query
+        from mechanisms.ledger import hash_queries
 
         cert = self._certifier.certify(x, radii=radii)
-        hashes = [hash_query(q) for q in x]
+        hashes = hash_queries(x)
         return self._inputs.from_certificate(cert, hashes, with_radii=radii), cert
 
     def _answer(self, tasks: list[_Task]) -> list:

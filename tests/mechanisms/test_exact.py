@@ -341,3 +341,64 @@ def test_ss_argmax_draws_from_its_law_without_floats():
         assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-12), (eps, freq, p)
     with pytest.raises(ValueError, match="scale"):
         cauchy_argmax(Fraction(1, 2), [Fraction(0)], Fraction(0), IntegersOnly(0))
+
+
+class Scripted:
+    """A generator that returns planned integers (the bulk draws' decision logic)."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def integers(self, low, high, size=None):
+        if size is None:
+            return self.values.pop(0)
+        out, self.values = self.values[:size], self.values[size:]
+        return np.array(out, dtype=np.int64)
+
+
+def test_bulk_bernoulli_decides_by_the_first_62_bits_then_goes_on():
+    """p = 1/3: P = floor(2^62 / 3); U below P is a success, above a failure, and U = P
+    compares the following bits with the rest of p's digits (here 01 01 ...)."""
+    from mechanisms.exact import bernoulli_ratios
+
+    top = (1 << 62) // 3
+    got = bernoulli_ratios([1, 1, 1, 0, 5], [3, 3, 3, 7, 5],
+                           Scripted([top - 1, top + 1, top, 0]))
+    # the third lane's next bits are all 0 (u's digits 000... against p's rest 0101...): u < p
+    assert got.tolist() == [True, False, True, False, True]
+    got = bernoulli_ratios([1], [3], Scripted([top, (1 << 62) - 1]))
+    assert got.tolist() == [False]                 # u's next digits 111... are above p's
+
+
+@pytest.mark.parametrize("p", [Fraction(1, 3), Fraction(1, 1000), Fraction(999, 1000),
+                               Fraction(7, 2**40)])
+def test_bulk_bernoulli_frequencies(p):
+    from mechanisms.exact import bernoulli_ratios
+
+    rng = np.random.default_rng(3)
+    n = 200_000
+    got = bernoulli_ratios([p.numerator] * n, [p.denominator] * n, rng).mean()
+    assert abs(got - float(p)) < 5 * math.sqrt(float(p) * (1 - float(p)) / n) + 1e-9
+
+
+@pytest.mark.parametrize("gamma", [Fraction(0), Fraction(3, 10), Fraction(1), Fraction(5, 2),
+                                   Fraction(9)])
+def test_bulk_bernoulli_exp_frequencies(gamma):
+    from mechanisms.exact import bernoulli_exps
+
+    rng = np.random.default_rng(4)
+    n = 200_000
+    got = bernoulli_exps([gamma.numerator] * n, [gamma.denominator] * n, rng).mean()
+    p = math.exp(-float(gamma))
+    assert abs(got - p) < 5 * math.sqrt(p * (1 - p) / n) + 1e-9
+
+
+def test_bulk_bernoulli_exp_catches_a_wrong_constant():
+    """The frequency test fails for a sampler of exp(-1.1 gamma): it can tell."""
+    from mechanisms.exact import bernoulli_exps
+
+    rng = np.random.default_rng(5)
+    n = 200_000
+    got = bernoulli_exps([11] * n, [10] * n, rng).mean()
+    p = math.exp(-1.0)
+    assert abs(got - p) > 5 * math.sqrt(p * (1 - p) / n)

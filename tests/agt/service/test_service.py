@@ -124,7 +124,8 @@ def ledger_rows(path) -> dict:
 def answers_of(path) -> dict[str, int]:
     conn = sqlite3.connect(path)
     try:
-        return dict(conn.execute("SELECT query_hash, label FROM answers"))
+        return dict(conn.execute("SELECT r.query_hash, a.label FROM answers a JOIN releases r "
+                                 "ON r.id = a.release_id"))
     finally:
         conn.close()
 
