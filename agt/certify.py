@@ -299,8 +299,10 @@ class Certifier:
                 p = pred[sl]
                 lo = torch.zeros_like(p)            # candidate range [lo, hi] for the answer+1
                 hi = torch.full_like(p, K)
-                # invariant: boxes < lo certified (as far as tested), boxes >= hi not
-                while bool((lo < hi).any()):
+                # invariant: boxes < lo certified (as far as tested), boxes >= hi not. Always
+                # ceil(log2(K + 1)) steps, whatever the radii: the search's duration must not
+                # tell a radius apart (a service answers refused and cached queries too)
+                for _ in range(K.bit_length()):
                     mid = (lo + hi) // 2
                     active = lo < hi
                     ok = self._certified(feats, p, mid.clamp(max=K - 1), x_mag[sl])

@@ -736,15 +736,11 @@ class Ledger:
             if state is None:
                 session_hash = hashlib.sha256(
                     "|".join(rest.query_ids).encode()).hexdigest()
-                # a refusal here leaves the queries answered so far with their session's
-                # record; the others stay unanswered (no charge, no label)
-                try:
-                    session_id = self._record(item, [session_hash], 1, seeded,
-                                              f"{note}; a session across requests")[0]
-                except BudgetExceededError:
-                    if done == 0:
-                        raise
-                    break
+                # a session that cannot be paid refuses the whole request (the caller's
+                # savepoint undoes its earlier sessions): no partial answer that a retry
+                # would answer otherwise
+                session_id = self._record(item, [session_hash], 1, seeded,
+                                          f"{note}; a session across requests")[0]
                 state = mechanism.open_session(rng)
                 charges, opened = charges + 1, opened + 1
             try:

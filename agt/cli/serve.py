@@ -57,6 +57,8 @@ def add_parser(sub) -> None:
                    help="most queries per request (default 10000)")
     p.add_argument("--max-body-bytes", type=positive_int, default=8 << 20,
                    help="largest request body (default 8 MiB)")
+    p.add_argument("--max-connections", type=positive_int, default=256,
+                   help="open connections served at once; more get 503 (default 256)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     add_mechanism_options(p, ensembles=True)
     p.set_defaults(func=run)
@@ -95,5 +97,6 @@ def run(args) -> int:
           f"{'query' if mechanism.per_query else 'session'} w.r.t. {g.relation} on "
           f"http://{args.host}:{args.port}/v1 (ledger {args.ledger}); Ctrl-C stops",
           flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                limit_concurrency=args.max_connections)
     return 0

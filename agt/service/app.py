@@ -31,6 +31,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from agt.errors import BudgetExceededError, DataError, PrivacyError
 from agt.service.keys import KeyStore, Principal
@@ -72,7 +73,10 @@ class _Keys:
         try:
             self.reload()
         except (OSError, ValueError):
-            pass                        # keep the keys last read
+            # a keys file removed or damaged while serving admits no one (an operator who
+            # deletes it means to cut access) until it is valid again
+            self._stamp = None
+            return None
         return self._store.authenticate(key)
 
 
@@ -122,17 +126,20 @@ def create_app(service: PredictionService, keys_path: str | Path, *,
         size = request.headers.get("content-length")
         if size is not None and (not size.isdigit() or int(size) > max_body_bytes):
             raise Refusal(413, f"the request body is over {max_body_bytes} bytes")
-        if size is not None:
-            body = await request.body()            # its length is checked above
-        else:                                      # chunked: count as it comes
-            body = bytearray()
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > max_body_bytes:
-                    raise Refusal(413, f"the request body is over {max_body_bytes} bytes")
+        try:
+            if size is not None:
+                body = await request.body()            # its length is checked above
+            else:                                      # chunked: count as it comes
+                body = bytearray()
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > max_body_bytes:
+                        raise Refusal(413, f"the request body is over {max_body_bytes} bytes")
+        except ClientDisconnect:
+            raise Refusal(400, "the client went away before the body was read") from None
         try:
             data = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise Refusal(400, f"malformed JSON ({type(exc).__name__})") from None
         if not isinstance(data, dict) or set(data) != {"queries"}:
             raise Refusal(400, 'the body must be a JSON object {"queries": [...]}')
@@ -157,8 +164,10 @@ def create_app(service: PredictionService, keys_path: str | Path, *,
             raise Refusal(429, _budget_reason(str(exc)), remaining=remaining) from None
         except DataError as exc:
             raise Refusal(422, str(exc).splitlines()[0]) from None
-        except PrivacyError as exc:
-            raise Refusal(503, str(exc).splitlines()[0]) from None
+        except PrivacyError:
+            # (the ledger's message names its file: not a client's business)
+            raise Refusal(503, "the privacy ledger cannot be used now; nothing was released; "
+                               "try again later") from None
 
     @app.get("/healthz")
     async def healthz():
@@ -207,8 +216,10 @@ def create_app(service: PredictionService, keys_path: str | Path, *,
 
 
 def _budget_reason(text: str) -> str:
-    """A client's refusal: which budget, without the dataset's spend figures (another
-    client's activity is not this client's business)."""
+    """A client's refusal: which budget. The ledger's message on the dataset's budget is not
+    passed on (it names totals and the ledger); what remains of the dataset's budget is in
+    the response's ``remaining``, as in ``/v1/budget`` (a function of the charges, which
+    depend on released outputs only)."""
     if text.startswith("client "):
         return text
     return "the dataset's privacy budget cannot pay for this request; nothing was released"

@@ -122,8 +122,15 @@ class PredictionService:
         problem (shape, a value that is not a finite number, a query outside the declared
         domain)."""
         try:
-            arr = np.asarray(x, dtype=np.float64)
-        except (TypeError, ValueError):
+            raw = np.asarray(x)
+            if raw.dtype.kind not in "iuf":     # strings, booleans, ragged lists: refused
+                raise TypeError
+            if isinstance(x, list) and any(type(v) is bool
+                                           for v in np.asarray(x, dtype=object).ravel()):
+                raise TypeError                  # true and false are not numbers
+            # + 0.0 makes -0.0 the query 0.0 (one query, one hash, one charge)
+            arr = raw.astype(np.float64) + 0.0
+        except (TypeError, ValueError, OverflowError):
             raise DataError("queries must be a list of arrays of numbers") from None
         if arr.ndim == len(self.input_shape):
             raise DataError(f"queries must be a list of queries of shape "
@@ -237,8 +244,13 @@ class PredictionService:
 
     @staticmethod
     def _settle(task: _Task, fn, *args) -> None:
+        import sqlite3
+
         try:
             task.future.set_result(fn(*args))
+        except sqlite3.Error as exc:
+            task.future.set_exception(PrivacyError(f"cannot read the privacy ledger "
+                                                   f"({type(exc).__name__})"))
         except Exception as exc:
             task.future.set_exception(exc)
 

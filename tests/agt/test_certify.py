@@ -207,3 +207,26 @@ def test_bundles_without_graded_passes_claim_no_smooth_radii():
     assert_radius_releases_refuse(old, ds.x_test, "interval passes were not graded")
     ball = dataclasses.replace(old, config={**old.config, "k_boxes": "ball"})
     assert ball.graded_boxes
+
+
+def test_the_radius_search_takes_the_same_steps_whatever_the_radius(monkeypatch):
+    """A service answers refused and cached queries through the certifier too, so how long
+    the search takes must not depend on the radius: always ceil(log2(K + 1)) box tests."""
+    ds = blobs(300, seed=6)
+    b = bundle_for(LOGISTIC_CE, "cross_entropy", ds, n_epochs=1, k_values="0..49")
+    certifier = Certifier(b)
+    calls = []
+    real = Certifier._certified
+
+    def counting(self, *args):
+        calls.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(Certifier, "_certified", counting)
+    radius = certifier.certify(ds.x_test).radius
+    steps = []
+    for r in (radius.min(), radius.max()):
+        calls.clear()
+        certifier.certify(ds.x_test[radius == r][:1])
+        steps.append(len(calls))
+    assert radius.min() < radius.max() and steps == [6, 6]       # 50 grid values: 6 steps

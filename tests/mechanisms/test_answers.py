@@ -211,3 +211,18 @@ def test_hash_queries_is_hash_query_of_every_row():
               np.arange(12).reshape(4, 3), rng.normal(size=(8, 6))[:, ::2]):
         assert hash_queries(x) == [hash_query(q) for q in x]
     assert len(set(hash_queries(rng.normal(size=(100, 3))))) == 100
+
+
+def test_a_session_that_cannot_be_paid_refuses_the_whole_request(tmp_path):
+    """Cutoff 1 and boundary radii: every query closes its session, and the third session
+    of one request exceeds the budget: the request is refused whole (no partial labels that
+    a retry would answer otherwise), nothing recorded."""
+    svt = make_mechanism("svt", 4.0, 1e-5, cutoff=1)
+    db = tmp_path / "l.db"
+    with Ledger.open(db, budget_epsilon=9.0, budget_delta=0.01) as ledger:
+        with pytest.raises(BudgetExceededError):
+            ledger.answer(svt, certified(5, 3, radius=0), client="a")
+        assert ledger.spent().epsilon == 0
+        out = ledger.answer(svt, certified(2, 4, radius=0), client="a")
+        assert out.sessions_opened == 2 and (out.labels >= 0).all()
+    assert rows(db)["releases"] == 2 and rows(db)["answers"] == 2

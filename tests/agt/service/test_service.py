@@ -180,6 +180,10 @@ def bad_requests(q):
         (b'{"queries": [[1, 2, 3, 4, 5, Infinity]]}', 422),
         (json.dumps({"queries": [[1.0] * 6] * 2001}).encode(), 413),
         (b'{"queries": [' + b"[1,1,1,1,1,1]," * 40000 + b"[1,1,1,1,1,1]]}", 413),
+        (b'{"queries": [[1, 2, 3, 4, 5, ' + b"9" * 400 + b"]]}", 422),     # over float range
+        (b'{"queries": [[1, 2, 3, 4, 5, ' + b"9" * 5000 + b"]]}", 400),    # over json's ints
+        (json.dumps({"queries": [[1, 2, 3, 4, 5, "6"]]}).encode(), 422),
+        (json.dumps({"queries": [[1, 2, 3, 4, 5, True]]}).encode(), 422),
     ]
 
 
@@ -410,3 +414,28 @@ def test_keys_commands(tmp_path, capsys):
     assert main(["keys", "revoke", "--keys", str(path), "nope"]) == 2
     assert main(["keys", "add", "--keys", str(path), "--role", "owner",
                  "--budget-epsilon", "1"]) == 2
+
+
+def test_minus_zero_is_the_query_zero(world, server):
+    """-0.0 and 0.0 are one input: one charge, one label."""
+    _, keys, _ = world
+    with Client(server.url, keys["bob"]) as bob:
+        first = bob.predict(np.array([[0.0, 0.5, 0.0, 0.25, 0.0, 0.125]]))
+        again = bob.predict(np.array([[-0.0, 0.5, -0.0, 0.25, -0.0, 0.125]]))
+    assert again.cached == [True] and again.labels == first.labels
+
+
+def test_a_removed_keys_file_admits_no_one(tmp_path, world):
+    d, keys, q = world
+    for name in ("b.h5", "keys.json"):
+        (tmp_path / name).write_bytes((d / name).read_bytes())
+    srv = Server(tmp_path)
+    try:
+        with Client(srv.url, keys["alice"]) as alice:
+            alice.predict(q[:1])
+            (tmp_path / "keys.json").unlink()
+            with pytest.raises(ServiceError) as err:
+                alice.predict(q[:1])
+            assert err.value.status == 401
+    finally:
+        srv.stop()
