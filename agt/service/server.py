@@ -46,8 +46,11 @@ class PredictionService:
             (ensemble mechanisms).
         mechanism: the release mechanism (`mechanisms.make_mechanism`).
         ledger: the ledger file's path; a new ledger needs ``budget_epsilon``.
-        budget_epsilon, budget_delta, accountant, relation: a new ledger's settings (an
-            existing ledger keeps its own; values that differ are refused).
+        budget_epsilon: a new ledger's total epsilon (an existing ledger keeps its own
+            settings; values that differ from them are refused).
+        budget_delta: a new ledger's total delta.
+        accountant: a new ledger's accountant.
+        relation: a new ledger's neighbouring relation.
         device: where to certify.
         max_batch_queries: the most queries answered in one ledger transaction.
         batch_wait: seconds to wait for more requests to join a batch.
