@@ -35,6 +35,7 @@ transaction (or after a crash inside one, until the next open rolls it back).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -425,8 +426,11 @@ class Ledger:
         return Release(labels, guarantee, mechanism.name, eps_c, delta_c, seeded,
                        mechanism.per_query)
 
-    def _commit(self, charges: Sequence[_Charge], dataset_sha256: str) -> None:
-        """Check the budget and record `charges` in one transaction (no draw here)."""
+    @contextlib.contextmanager
+    def _writing(self):
+        """One write transaction (SQLite's write lock: concurrent processes are serialised):
+        committed when the block ends, rolled back when it raises; a database error is a
+        PrivacyError saying that nothing was released."""
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -434,6 +438,21 @@ class Ledger:
             raise PrivacyError(f"cannot write the privacy ledger {self.path} "
                                f"({_sqlite_reason(exc)}); nothing was released") from None
         try:
+            yield conn
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise PrivacyError(f"cannot write the privacy ledger {self.path} "
+                               f"({_sqlite_reason(exc)}); nothing was released") from None
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def _commit(self, charges: Sequence[_Charge], dataset_sha256: str) -> None:
+        """Check the budget and record `charges` in one transaction (no draw here)."""
+        with self._writing() as conn:
             row = conn.execute("SELECT dataset_sha256 FROM ledger_meta").fetchone()
             bound = row[0]
             if bound is not None and bound != dataset_sha256:
@@ -453,17 +472,7 @@ class Ledger:
                   float(c.delta), int(c.seeded), c.note) for c in charges])
             if self._has_totals():
                 _add_totals(conn, charges[0].epsilon, charges[0].delta, len(charges))
-            conn.execute("COMMIT")
-            self._dataset = dataset_sha256
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise PrivacyError(f"cannot write the privacy ledger {self.path} "
-                               f"({_sqlite_reason(exc)}); nothing was released") from None
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        self._dataset = dataset_sha256
 
     def _check_budget(self, epsilon: float, delta: float, count: int) -> None:
         """Raise BudgetExceededError unless `count` more charges of (epsilon, delta) fit
@@ -572,14 +581,8 @@ class Ledger:
                 prepared.append(self._prepare_answer(request))
             except (PrivacyError, DataError, ValueError) as exc:
                 prepared.append(exc)
-        conn = self._conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise PrivacyError(f"cannot write the privacy ledger {self.path} "
-                               f"({_sqlite_reason(exc)}); nothing was released") from None
         out: list[Answered | Exception] = []
-        try:
+        with self._writing() as conn:
             _ensure_answer_tables(conn)
             for item in prepared:
                 if isinstance(item, Exception):
@@ -594,16 +597,6 @@ class Ledger:
                     conn.execute("ROLLBACK TO request")
                     out.append(exc)
                 conn.execute("RELEASE request")
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise PrivacyError(f"cannot write the privacy ledger {self.path} "
-                               f"({_sqlite_reason(exc)}); nothing was released") from None
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
         if any(isinstance(a, Answered) and a.charges for a in out):
             self._dataset = conn.execute("SELECT dataset_sha256 FROM ledger_meta").fetchone()[0]
         return out
