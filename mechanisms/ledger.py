@@ -646,8 +646,8 @@ class Ledger:
             else:
                 first.setdefault(h, i)
         new = np.array(sorted(first.values()), dtype=np.int64)
-        answered = Answered(labels, hit, item.guarantee, mechanism.name, item.eps_c,
-                            item.delta_c, seeded, mechanism.per_query)
+        answered = Answered(labels, item.guarantee, mechanism.name, item.eps_c, item.delta_c,
+                            seeded, mechanism.per_query, cached=hit)
         if len(new) == 0:
             return answered
         # a short note per row (the mechanism's full statement is its name and parameters:
@@ -943,21 +943,15 @@ class AnswerRequest:
 
 
 @dataclass(frozen=True)
-class Answered:
-    """What `answer_batch` released for one request: a label per query (REFUSED = -1 where
-    the mechanism gave no answer), which came from earlier releases (``cached``), and the
-    guarantee. ``charges`` new charges of (charged_epsilon, charged_delta) each were recorded:
-    one per new query, or one per session opened (``sessions_opened``);
-    ``session_closed``: a session reached its cutoff within this request."""
+class Answered(Release):
+    """What `answer_batch` released for one request: a `Release` (a label per query, REFUSED
+    = -1 where the mechanism gave no answer, and the guarantee), which labels came from
+    earlier releases (``cached``), and what was recorded: ``charges`` new charges of
+    (charged_epsilon, charged_delta) each, one per new query or one per session opened
+    (``sessions_opened``); ``session_closed``: a session reached its cutoff within this
+    request."""
 
-    labels: NDArray[np.int64]
-    cached: NDArray[np.bool_]
-    guarantee: Guarantee
-    mechanism: str
-    charged_epsilon: float
-    charged_delta: float
-    seeded: bool
-    per_query: bool = True
+    cached: NDArray[np.bool_] | None = None
     charges: int = 0
     sessions_opened: int = 0
     session_closed: bool = False
