@@ -92,8 +92,16 @@ def changelog() -> str:
     return text.split("\n", 1)[1] if text.startswith("# ") else text
 
 
+def pate_table() -> str:
+    """The committed PATE table (artifacts/pate/summary.md, without its title), so the page
+    shows what `agt reproduce pate` measured rather than a copy that could go stale."""
+    text = (ROOT / "artifacts" / "pate" / "summary.md").read_text(encoding="utf-8")
+    return text.split("\n", 1)[1].strip() if text.startswith("# ") else text
+
+
 GENERATORS = {"mechanism-table": mechanism_table, "cli-reference": cli_reference,
-              "config-reference": config_reference, "changelog": changelog}
+              "config-reference": config_reference, "changelog": changelog,
+              "pate-table": pate_table}
 
 
 def render(markdown: str) -> str:

@@ -7,7 +7,8 @@ those per-query probabilities, an exact number without Monte Carlo error.
 The sampled accuracies simulate deployments: each draw releases the queries through a fresh
 in-memory `Ledger` (the one door of mechanisms/ledger.py) of the experiment's relation,
 bound to the private dataset, with exactly the budget the released queries compose to under
-standard composition, and with a seeded experiment generator (recorded as insecure in the
+standard composition (Renyi composition, in an rdp ledger, for gnmax and
+confident-gnmax), and with a seeded experiment generator (recorded as insecure in the
 ledger). So no experiment draws noise outside the ledger, and the recorded cost and the
 drawn noise come from the same mechanism object. Their mean over repeats matches the
 expectation up to sampling error; their spread is what the paper's error bands show.
@@ -23,6 +24,7 @@ import numpy as np
 
 from mechanisms import REPLACE_ONE, Ledger, Mechanism
 from mechanisms.accounting import standard_composition
+from mechanisms.rdp import compose_curves, curve_epsilon
 
 RELATION = REPLACE_ONE
 
@@ -37,11 +39,17 @@ def simulate(mechanism: Mechanism, inputs, rng: np.random.Generator) -> np.ndarr
     whose budget is what the releases compose to (standard composition; a session's own
     guarantee)."""
     g = mechanism.guarantee_for(inputs, RELATION)
-    if mechanism.per_query:
+    accountant = "standard"
+    if g.rdp is not None and mechanism.per_query:
+        # a Renyi mechanism (gnmax, confident-gnmax): an rdp ledger sized to its composed
+        # curve (standard composition of its per-query (eps, delta) can exceed delta = 1)
+        accountant, delta_t = "rdp", g.delta
+        eps_t = curve_epsilon(compose_curves([(g.rdp, inputs.n_queries)]), delta_t)[0]
+    elif mechanism.per_query:
         eps_t, delta_t = standard_composition(g.epsilon, g.delta, inputs.n_queries)
     else:                       # a session: one guarantee for all its queries
         eps_t, delta_t = g.epsilon, g.delta
-    with Ledger.in_memory(eps_t, delta_t, "standard", relation=RELATION,
+    with Ledger.in_memory(eps_t, delta_t, accountant, relation=RELATION,
                           dataset_sha256=inputs.source.dataset_sha256) as ledger:
         return ledger.release(mechanism, inputs, insecure_rng=rng).labels
 

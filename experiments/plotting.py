@@ -27,6 +27,9 @@ STYLE = {
     "ens-exp-radius": {"color": "tab:brown",
                        "label": "exponential mechanism on the ensemble radius"},
     "ens-svt": {"color": "tab:cyan", "label": "stability-gated session on the ensemble radius"},
+    "gnmax": {"color": "tab:olive", "label": "GNMax (PATE 2018, Renyi)"},
+    "confident-gnmax": {"color": "tab:gray",
+                        "label": "Confident-GNMax (no answer counts as wrong)"},
     "dp-sgd": {"color": "black", "linestyle": "-.", "label": "DP-SGD (private training)"},
 }
 

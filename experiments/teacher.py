@@ -30,16 +30,19 @@ from experiments.ensembles import ensemble_mechanism
 from experiments.plotting import plt, save, style
 from experiments.single import single_mechanism
 from mechanisms.accounting import per_query_epsilon
+from mechanisms.pate import sigmas_for_budget
 
 NAME = "teacher"
 ROWS = ("single-gs", "single-ss", "single-exp", "single-svt", "sa-gs", "sa-ss", "sa-exp",
-        "sa-svt")
+        "sa-svt", "sa-gnmax", "sa-cgnmax")
 ROW_LABELS = {"single-gs": "Single model, GS", "single-ss": "Single model, SS",
               "single-exp": "Single model, exp. mechanism on the radius",
               "single-svt": "Single model, gated session",
               "sa-gs": "Subsample & agg., GS", "sa-ss": "Subsample & agg., SS",
               "sa-exp": "Subsample & agg., exp. mechanism on the radius",
-              "sa-svt": "Subsample & agg., gated session", "dp-sgd": "DP-SGD"}
+              "sa-svt": "Subsample & agg., gated session",
+              "sa-gnmax": "Subsample & agg., GNMax (Renyi)",
+              "sa-cgnmax": "Subsample & agg., Confident-GNMax (Renyi)", "dp-sgd": "DP-SGD"}
 # The paper's teacher table (section 6), student accuracy in %. Its Blobs DP-SGD entry reads
 # "1.0": the paper's Fig. 5 script draws DP-SGD on Blobs at accuracy 1 (a fraction), so it
 # is 100 % printed as a fraction.
@@ -82,7 +85,13 @@ def run(ctx: Context) -> Outcome:
             "sa-ss": ensemble_mechanism("ens-ss-cauchy", eps, None),
             "sa-exp": ensemble_mechanism("ens-exp-radius", eps, None),
             "sa-svt": ensemble_mechanism("ens-svt", s.epsilon_total, s.delta_total,
-                                         cutoff=s.gate_cutoff)}
+                                         cutoff=s.gate_cutoff),
+            # PATE 2018: the sigmas whose q-fold Renyi composition fits the same total
+            # (public: the budget, Q and T only); threshold 0.8 T as PATE's MNIST setting
+            "sa-gnmax": ensemble_mechanism(
+                "gnmax", 1e6, s.delta_total,
+                sigma=sigmas_for_budget(s.epsilon_total, s.delta_total, q)[0]),
+            "sa-cgnmax": _confident(s, q)}
         rows = {}
         for name in ctx.bar(ROWS, f"teacher: students (Q={q})"):
             mechanism = mechanisms[name]
@@ -166,6 +175,12 @@ def run(ctx: Context) -> Outcome:
     return Outcome(NAME, headline, time.perf_counter() - t0, [str(p) for p in files])
 
 
+def _confident(s, q: int):
+    sigma2, sigma1 = sigmas_for_budget(s.epsilon_total, s.delta_total, q, confident=True)
+    return ensemble_mechanism("confident-gnmax", 1e6, s.delta_total,
+                              threshold=0.8 * s.teachers, sigma1=sigma1, sigma2=sigma2)
+
+
 def _nanmean_std(values) -> tuple[float, float]:
     """Mean and std over the draws that trained a student (a draw that answered nothing
     trains none)."""
@@ -179,7 +194,8 @@ def _plot(ctx: Context, s, main, dp_acc):
     means = [main["rows"][n]["student_accuracy_mean"] for n in ROWS] + [float(np.mean(dp_acc))]
     stds = [main["rows"][n]["student_accuracy_std"] for n in ROWS] + [float(np.std(dp_acc))]
     labels = [main["rows"][n]["label_accuracy_expected"] for n in ROWS] + [np.nan]
-    kinds = {"gs": "gs", "ss": "ss-cauchy", "exp": "exp-radius", "svt": "svt"}
+    kinds = {"gs": "gs", "ss": "ss-cauchy", "exp": "exp-radius", "svt": "svt",
+             "gnmax": "gnmax", "cgnmax": "confident-gnmax"}
     colors = [style(kinds[n.split("-")[1]])["color"] for n in ROWS] + ["0.2"]
     fig, ax = plt.subplots(figsize=(9.5, 4.6))
     xs = np.arange(len(names))

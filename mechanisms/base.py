@@ -155,7 +155,7 @@ class Entry:
 MECHANISMS: dict[str, Entry] = {}
 
 #: the modules whose mechanisms register themselves, in the registry's order
-REGISTERING_MODULES = ("global_sens", "smooth", "ensemble", "radius", "convex",
+REGISTERING_MODULES = ("global_sens", "smooth", "ensemble", "pate", "radius", "convex",
                        "loss_perturbation")
 
 

@@ -89,6 +89,7 @@ from mechanisms.votes import (
     counts_of,
     ensemble_radius,
     flips_needed,
+    probability_of_labels,
     ptr_distance,
     vote_counts,
 )
@@ -224,9 +225,8 @@ class NoisyArgmax(Mechanism):
         return lnmax_draw(counts_of(inputs.votes, inputs.n_classes), self.epsilon, rng)
 
     def _correct(self, inputs: Votes, y):
-        p = lnmax_probabilities(counts_of(inputs.votes, inputs.n_classes), self.epsilon)
-        valid = (y >= 0) & (y < inputs.n_classes)
-        return np.where(valid, p[np.arange(len(y)), np.clip(y, 0, inputs.n_classes - 1)], 0.0)
+        return probability_of_labels(
+            lnmax_probabilities(counts_of(inputs.votes, inputs.n_classes), self.epsilon), y)
 
 
 @dataclass(frozen=True)
@@ -466,9 +466,8 @@ class DworkFeldman(Mechanism):
         return df_draw(counts_of(inputs.votes, inputs.n_classes), self.beta(inputs.n_queries), rng)
 
     def _correct(self, inputs: Votes, y):
-        p = df_probabilities(counts_of(inputs.votes, inputs.n_classes), self.beta(inputs.n_queries))
-        valid = (y >= 0) & (y < inputs.n_classes)
-        return np.where(valid, p[np.arange(len(y)), np.clip(y, 0, inputs.n_classes - 1)], 0.0)
+        return probability_of_labels(df_probabilities(counts_of(inputs.votes, inputs.n_classes),
+                                                      self.beta(inputs.n_queries)), y)
 
 
 register("df-exp", inputs=Votes, needs_delta=False,

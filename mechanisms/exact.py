@@ -57,6 +57,13 @@ went over e^eps the same way. The samplers below draw from the exact distributio
   i.e. to exp(-y s / t); a fair sign, rejecting "-0" so that 0 is not counted twice, gives
   the two-sided law. Expected work is O(1) whatever the rate (the keep step accepts with
   probability 1 - 1/e on average for large t).
+* `discrete_gaussian(sigma_sq)`: Z on the integers with P(Z = z) proportional to
+  exp(-z^2 / (2 sigma^2)), sigma^2 > 0 rational, by Canonne, Kamath & Steinke 2020, Alg. 3:
+  Y discrete Laplace of rate 1/t, t = floor(sigma) + 1, kept with probability
+  exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)) (`bernoulli_exp` of a rational). The kept Y has
+  P(Y = y) proportional to exp(-|y|/t - (|y| - sigma^2/t)^2 / (2 sigma^2)) =
+  exp(-y^2 / (2 sigma^2) - sigma^2 / (2 t^2)), the discrete Gaussian exactly; a draw is kept
+  with probability above 0.3 for every sigma (their Sec. 5.3).
 
 mechanisms/noise.py draws the binary Laplace threshold releases and the PTR tests through
 `bernoulli` and `bernoulli_exp` too (their outcomes have closed-form laws), and lnmax
@@ -70,6 +77,7 @@ what that leaves.
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from functools import lru_cache
 from typing import Callable
@@ -252,6 +260,21 @@ def discrete_laplace(rate: Fraction, rng: np.random.Generator) -> int:
         if negative and y == 0:
             continue
         return -y if negative else y
+
+
+def discrete_gaussian(sigma_sq: Fraction, rng: np.random.Generator) -> int:
+    """An integer Z with P(Z = z) proportional to exp(-z^2 / (2 sigma_sq)), sigma_sq > 0
+    rational (module docstring: Canonne, Kamath & Steinke 2020, Alg. 3)."""
+    if sigma_sq <= 0:
+        raise ValueError(f"discrete_gaussian needs sigma^2 > 0, got {sigma_sq}")
+    t = math.isqrt(sigma_sq.numerator // sigma_sq.denominator) + 1   # floor(sigma) + 1
+    rate = Fraction(1, t)
+    shift = sigma_sq / t
+    while True:
+        y = discrete_laplace(rate, rng)
+        gap = abs(y) - shift
+        if bernoulli_exp(gap * gap / (2 * sigma_sq), rng):
+            return y
 
 
 def _arctan_bounds(x: Fraction, precision: int) -> tuple[Fraction, Fraction]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from agt.errors import PrivacyError
 from mechanisms.checks import check_delta, check_epsilon, privacy_problems
+from mechanisms.rdp import curve_problem
 
 REPLACE_ONE = "replace-one"
 ADD_REMOVE = "add-remove"
@@ -45,7 +46,9 @@ class Guarantee:
     """Per-query (epsilon, delta)-DP with respect to `relation`, given by `mechanism`.
 
     delta = 0 means pure epsilon-DP. `note` says where the guarantee comes from (theorem and
-    calibration), for the record written next to the release.
+    calibration), for the record written next to the release. `rdp`, where the mechanism
+    states one, is its per-query Renyi curve on `mechanisms.rdp.ORDERS` (what an rdp ledger
+    composes; (epsilon, delta) is that curve converted at delta).
     """
 
     epsilon: float
@@ -53,6 +56,7 @@ class Guarantee:
     relation: str
     mechanism: str
     note: str = ""
+    rdp: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         problems = privacy_problems()
@@ -61,6 +65,12 @@ class Guarantee:
         check_relation(self.relation, problems)
         if not isinstance(self.mechanism, str) or not self.mechanism:
             problems.add(f"mechanism must be a non-empty name, got {self.mechanism!r}")
+        if self.rdp is not None:
+            problem = curve_problem(self.rdp)
+            if problem is not None:
+                problems.add(problem)
+            else:
+                object.__setattr__(self, "rdp", tuple(float(v) for v in self.rdp))
         problems.raise_if_any()
 
     @property
@@ -81,8 +91,8 @@ class Guarantee:
             if not math.isfinite(eps) or (self.delta > 0 and delta >= 1.0):
                 raise PrivacyError(f"the add-remove guarantee ({self.epsilon}, {self.delta}) "
                                    f"gives no useful replace-one guarantee")
-            return dataclasses.replace(
-                self, epsilon=eps, delta=delta, relation=REPLACE_ONE,
+            return dataclasses.replace(   # (no Renyi curve survives this conversion here)
+                self, epsilon=eps, delta=delta, relation=REPLACE_ONE, rdp=None,
                 note=f"{self.note}; converted from add-remove ({self.epsilon!r}, "
                      f"{self.delta!r}) by group privacy over 2 records".lstrip("; "))
         raise PrivacyError(f"a {self.relation} guarantee says nothing about {relation} "

@@ -21,7 +21,13 @@ So the recorded cost and the drawn noise come from the same object and cannot di
 no answer leaves without its record. A crash after the commit loses the answer but keeps the
 spend (budget spent, nothing released: the safe side); a crash before it leaves no trace.
 
-Accountants. "standard" composition is valid for spends chosen adaptively. "advanced",
+Accountants. "standard" composition is valid for spends chosen adaptively, and so is "rdp":
+every charge brings its Renyi curve on a fixed grid of orders (mechanisms/rdp.py: the
+mechanism's own, or the pure-DP curve of an eps-DP one; an (eps, delta > 0) guarantee without a
+curve is refused before anything is recorded), the curves add order by order, and the sum is
+converted to (eps, delta_T) for the budget check (its own table `rdp_charges` holds each
+charge's curve; `data_dependent` holds sanitised estimates of PATE's data-dependent costs,
+mechanisms/pate_costs.py). "advanced",
 "best" (the smaller of standard and advanced) and "tight" (PLD) compose a sequence fixed in
 advance; such a ledger is created with a fixed per-query guarantee (per_query_epsilon,
 per_query_delta) and charges every release at exactly that value (a release whose own
@@ -56,6 +62,7 @@ from mechanisms.base import Mechanism
 from mechanisms.checks import check_delta, check_epsilon, privacy_problems
 from mechanisms.guarantee import REPLACE_ONE, Guarantee, check_relation
 from mechanisms.noise import REFUSED, make_generator
+from mechanisms.rdp import compose_curves, curve_epsilon, curve_from_bytes, curve_of, curve_to_bytes
 
 FORMAT_VERSION = 2
 _TABLES = {"ledger_meta", "releases", "sqlite_sequence"}
@@ -66,6 +73,34 @@ _TABLES = {"ledger_meta", "releases", "sqlite_sequence"}
 #: stability-gated sessions
 _ANSWER_TABLES = {"spend_totals", "client_totals", "answers", "sessions"}
 _FIXED_ACCOUNTANTS = ("best", "advanced", "tight")
+#: every accountant a ledger takes: the (eps, delta) ones of accounting.py and "rdp"
+LEDGER_ACCOUNTANTS: tuple[str, ...] = ACCOUNTANTS + ("rdp",)
+#: the tables of an rdp ledger: each charge's curve, and the sanitised data-dependent costs
+_RDP_TABLES = {"rdp_charges", "data_dependent"}
+_RDP_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS rdp_charges (
+        release_id INTEGER PRIMARY KEY REFERENCES releases (id),
+        curve BLOB NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS data_dependent (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time TEXT NOT NULL,
+        source_id TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('sanitised')),
+        order_alpha REAL NOT NULL,
+        value REAL NOT NULL,
+        epsilon REAL NOT NULL,
+        delta REAL NOT NULL,
+        release_id INTEGER NOT NULL REFERENCES releases (id),
+        note TEXT NOT NULL)""",
+    """CREATE TRIGGER IF NOT EXISTS rdp_charges_no_update BEFORE UPDATE ON rdp_charges
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS rdp_charges_no_delete BEFORE DELETE ON rdp_charges
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS data_dependent_no_update BEFORE UPDATE ON data_dependent
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS data_dependent_no_delete BEFORE DELETE ON data_dependent
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+)
 
 # One statement each: sqlite3's executescript would COMMIT the open transaction first.
 _SCHEMA = (
@@ -207,7 +242,11 @@ class Ledger:
         self.path = path
         self.budget_epsilon: float = meta["budget_epsilon"]
         self.budget_delta: float = meta["budget_delta"]
-        self.accountant = Accountant(meta["accountant"], meta["delta_prime"])
+        #: an rdp ledger composes Renyi curves (its (eps, delta) accountant only words messages)
+        self.is_rdp: bool = meta["accountant"] == "rdp"
+        self.accountant = Accountant("standard" if self.is_rdp else meta["accountant"],
+                                     meta["delta_prime"])
+        self.accountant_name: str = meta["accountant"]
         self.relation: str = meta["relation"]
         self.per_query: tuple[float, float] | None = (
             None if meta["per_query_epsilon"] is None
@@ -262,7 +301,7 @@ class Ledger:
             try:
                 tables = {r[0] for r in conn.execute(
                     "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
-                foreign = tables - _TABLES - _ANSWER_TABLES
+                foreign = tables - _TABLES - _ANSWER_TABLES - _RDP_TABLES
                 if foreign or (tables and "ledger_meta" not in tables):
                     raise PrivacyError(
                         f"{path} is an SQLite database of another application (tables "
@@ -275,6 +314,9 @@ class Ledger:
                     meta = _create(conn, path, given)
                 else:
                     _compare(path, meta, given)
+                if meta["accountant"] == "rdp":
+                    for statement in _RDP_SCHEMA:
+                        conn.execute(statement)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -333,19 +375,44 @@ class Ledger:
         return self.accountant.compose_groups(
             [(e, d, c) for (e, d), c in sorted(merged.items())], delta_budget=self.budget_delta)
 
+    def _recorded_curves(self) -> list[tuple[tuple[float, ...], int]]:
+        rows = self._conn.execute("SELECT curve, COUNT(*) FROM rdp_charges GROUP BY curve")
+        return [(curve_from_bytes(c), int(n)) for c, n in rows.fetchall()]
+
+    def _compose_curves(self, groups) -> Composition:
+        eps, _ = curve_epsilon(compose_curves(groups), self.budget_delta)
+        return Composition(eps, self.budget_delta, "rdp")
+
+    def spent_curve(self) -> tuple[float, ...]:
+        """An rdp ledger's composed Renyi curve (on mechanisms.rdp.ORDERS)."""
+        if not self.is_rdp:
+            raise PrivacyError(f"the ledger {self.path} composes (eps, delta) guarantees "
+                               f"({self.accountant_name} accountant), not Renyi curves")
+        return compose_curves(self._recorded_curves())
+
     def spent(self) -> Composition:
-        """Composed guarantee of everything recorded so far (the accountant's total)."""
+        """Composed guarantee of everything recorded so far (the accountant's total; for an
+        rdp ledger the composed curve converted at the budget's delta)."""
+        if self.is_rdp:
+            return self._compose_curves(self._recorded_curves())
         return self._compose(self._recorded_groups())
 
     def remaining(self) -> tuple[float, float]:
-        """(eps_T - spent eps, delta_T - spent delta). Under advanced/tight composition this
-        is not additive: use `fits` to ask whether a release fits."""
+        """(eps_T - spent eps, delta_T - spent delta); an rdp ledger keeps delta_T (its totals
+        are converted at delta_T). Under advanced/tight/rdp composition this is not additive:
+        use `fits` to ask whether a release fits."""
         spent = self.spent()
+        if self.is_rdp:     # every total is converted at the budget's delta: it is not used up
+            return self.budget_epsilon - spent.epsilon, self.budget_delta
         return self.budget_epsilon - spent.epsilon, self.budget_delta - spent.delta
 
     def fits(self, n_queries: int, epsilon: float, delta: float = 0.0) -> bool:
         """Would n_queries more charges of (epsilon, delta) stay within the budget?
         (Advisory: another process may spend in between; `release` re-checks atomically.)"""
+        if self.is_rdp:
+            curve = curve_of(float(epsilon), float(delta), None, "this spend")
+            return self._compose_curves(self._recorded_curves() + [(curve, int(n_queries))]
+                                        ).fits(self.budget_epsilon, self.budget_delta)
         groups = self._recorded_groups() + [(float(epsilon), float(delta), int(n_queries))]
         return self._compose(groups).fits(self.budget_epsilon, self.budget_delta)
 
@@ -362,7 +429,7 @@ class Ledger:
         if guarantee.epsilon > eps_q or guarantee.delta > delta_q:
             raise PrivacyError(
                 f"this ledger fixes every release at ({eps_q!r}, {delta_q!r}) per query (its "
-                f"{self.accountant.name} accountant composes a sequence fixed in advance); "
+                f"{self.accountant_name} accountant composes a sequence fixed in advance); "
                 f"{guarantee.mechanism} at ({guarantee.epsilon!r}, {guarantee.delta!r}) does "
                 f"not fit it: release at most that much per query, or use a ledger with the "
                 f"standard accountant")
@@ -382,6 +449,7 @@ class Ledger:
         the seed can remove the noise); every row of such a release records it.
         """
         guarantee, eps_c, delta_c = self._charge(mechanism, inputs)
+        curve = self._curve_for(guarantee)
         if insecure_seed is not None and insecure_rng is not None:
             raise PrivacyError("give insecure_seed or insecure_rng, not both")
         if insecure_seed is not None and (isinstance(insecure_seed, bool) or
@@ -408,7 +476,7 @@ class Ledger:
             session = hashlib.sha256("|".join(ids).encode()).hexdigest()
             charges = [_Charge(eps_c, delta_c, mechanism.name, inputs.source.source_id,
                                session, seeded, f"{note}; session of {n} queries")]
-        self._commit(charges, inputs.source.dataset_sha256)
+        self._commit(charges, inputs.source.dataset_sha256, curve)
         try:
             labels = mechanism.release(inputs, rng)
         except Exception as exc:
@@ -425,6 +493,60 @@ class Ledger:
             raise
         return Release(labels, guarantee, mechanism.name, eps_c, delta_c, seeded,
                        mechanism.per_query)
+
+    def release_estimate(self, estimate, *, insecure_rng: np.random.Generator | None = None
+                         ) -> tuple[float, float]:
+        """Charge, draw and record a sanitised data-dependent cost (an rdp ledger only): the
+        release's own Renyi curve (`estimate.plan.curve`, PATE 2018 Thm 23) is charged like
+        any release, then the estimate is drawn and recorded in `data_dependent` beside the
+        eps it gives (`mechanisms.pate_costs.sanitised_epsilon`). Returns (estimate, eps):
+        both are releasable (post-processing of a DP release); a session may stop on them.
+
+        Args:
+            estimate: a `mechanisms.pate_costs.SanitisedCost` prepared by the owner.
+            insecure_rng: seeded noise for experiments and tests only (recorded).
+        """
+        from mechanisms.pate_costs import SanitisedCost, sanitised_epsilon
+
+        if type(estimate) is not SanitisedCost:   # (a subclass could draw otherwise)
+            raise PrivacyError(f"release_estimate needs a mechanisms.pate_costs.SanitisedCost "
+                               f"(SanitisedCost.prepare), got {type(estimate).__name__}")
+        if not self.is_rdp:
+            raise PrivacyError(f"a sanitised Renyi cost is composed by an rdp ledger; "
+                               f"{self.path} has the {self.accountant_name} accountant")
+        if insecure_rng is not None and not isinstance(insecure_rng, np.random.Generator):
+            raise PrivacyError("insecure_rng must be a numpy Generator")
+        from mechanisms.rdp import curve_epsilon as _eps
+
+        curve = estimate.plan.curve
+        eps_c, _ = _eps(curve, self.budget_delta)
+        seeded = insecure_rng is not None
+        note = (f"relation={self.relation}; sanitised data-dependent cost at order "
+                f"{estimate.plan.order!r} (beta {estimate.plan.beta!r}, sigma "
+                f"{estimate.plan.sigma!r}, {'AGT' if estimate.use_radii else 'plain'} "
+                f"distance), PATE 2018 Thm 23")
+        if seeded:
+            note += "; INSECURE seeded noise (experiment generator)"
+        charge = _Charge(eps_c, self.budget_delta, estimate.name, estimate.source_id,
+                         "", seeded, note)
+        ids = self._commit([charge], estimate.dataset_sha256, curve)
+        rng = insecure_rng if seeded else make_generator(None)
+        value = estimate.draw(rng)
+        eps = sanitised_epsilon(value, estimate.plan, self.budget_delta)
+        with self._writing() as conn:
+            conn.execute("INSERT INTO data_dependent (time, source_id, kind, order_alpha, value,"
+                         " epsilon, delta, release_id, note) VALUES (?, ?, 'sanitised', ?, ?, ?,"
+                         " ?, ?, ?)", (_now(), estimate.source_id, float(estimate.plan.order),
+                                       float(value), float(eps), float(self.budget_delta),
+                                       ids[0], note))
+        return value, eps
+
+    def sanitised_estimates(self) -> list[tuple[str, float, float, float]]:
+        """The recorded sanitised costs: (source id, order, estimate, eps) per release."""
+        if not self.is_rdp:
+            return []
+        return [(str(s), float(a), float(v), float(e)) for s, a, v, e in self._conn.execute(
+            "SELECT source_id, order_alpha, value, epsilon FROM data_dependent ORDER BY id")]
 
     @contextlib.contextmanager
     def _writing(self):
@@ -450,8 +572,17 @@ class Ledger:
                 conn.execute("ROLLBACK")
             raise
 
-    def _commit(self, charges: Sequence[_Charge], dataset_sha256: str) -> None:
-        """Check the budget and record `charges` in one transaction (no draw here)."""
+    def _curve_for(self, guarantee: Guarantee) -> tuple[float, ...] | None:
+        """The Renyi curve an rdp ledger charges for `guarantee` (refused, before anything is
+        recorded, where it has none); None for the other ledgers."""
+        if not self.is_rdp:
+            return None
+        return curve_of(guarantee.epsilon, guarantee.delta, guarantee.rdp, guarantee.mechanism)
+
+    def _commit(self, charges: Sequence[_Charge], dataset_sha256: str,
+                curve: tuple[float, ...] | None = None) -> list[int]:
+        """Check the budget and record `charges` in one transaction (no draw here); returns
+        the new rows' ids."""
         with self._writing() as conn:
             row = conn.execute("SELECT dataset_sha256 FROM ledger_meta").fetchone()
             bound = row[0]
@@ -461,26 +592,43 @@ class Ledger:
                     f"come from: one ledger per private dataset (use that dataset's own "
                     f"ledger)")
             # one release charges every query (or its one session) the same (eps, delta)
-            self._check_budget(charges[0].epsilon, charges[0].delta, len(charges))
+            self._check_budget(charges[0].epsilon, charges[0].delta, len(charges), curve)
             if bound is None:
                 conn.execute("UPDATE ledger_meta SET dataset_sha256 = ?", (dataset_sha256,))
             now = _now()
+            last = conn.execute("SELECT COALESCE(MAX(id), 0) FROM releases").fetchone()[0]
             conn.executemany(
                 "INSERT INTO releases (time, source_id, query_hash, mechanism, epsilon, delta, "
                 "seeded, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(now, c.source_id, c.query_hash, c.mechanism, float(c.epsilon),
                   float(c.delta), int(c.seeded), c.note) for c in charges])
+            ids = [int(r[0]) for r in conn.execute(
+                "SELECT id FROM releases WHERE id > ? ORDER BY id", (last,))]
+            if self.is_rdp:
+                blob = curve_to_bytes(curve)
+                conn.executemany("INSERT INTO rdp_charges (release_id, curve) VALUES (?, ?)",
+                                 [(i, blob) for i in ids])
             if self._has_totals():
                 _add_totals(conn, charges[0].epsilon, charges[0].delta, len(charges))
         self._dataset = dataset_sha256
+        return ids
 
-    def _check_budget(self, epsilon: float, delta: float, count: int) -> None:
-        """Raise BudgetExceededError unless `count` more charges of (epsilon, delta) fit
-        what is left, saying what is spent and how many of them would fit."""
-        recorded = self._recorded_groups()
+    def _check_budget(self, epsilon: float, delta: float, count: int,
+                      curve: tuple[float, ...] | None = None) -> None:
+        """Raise BudgetExceededError unless `count` more charges of (epsilon, delta) (of
+        `curve` in an rdp ledger) fit what is left, saying what is spent and how many of them
+        would fit."""
+        if self.is_rdp:
+            recorded_curves = self._recorded_curves()
+            recorded = [(0.0, 0.0, c) for _, c in recorded_curves]
 
-        def total(m: int) -> Composition:
-            return self._compose(recorded + ([(epsilon, delta, m)] if m else []))
+            def total(m: int) -> Composition:
+                return self._compose_curves(recorded_curves + ([(curve, m)] if m else []))
+        else:
+            recorded = self._recorded_groups()
+
+            def total(m: int) -> Composition:
+                return self._compose(recorded + ([(epsilon, delta, m)] if m else []))
 
         over = total(count)
         if over.fits(self.budget_epsilon, self.budget_delta):
@@ -573,6 +721,12 @@ class Ledger:
         Returns:
             Per request, its `Answered`, or the exception that refused it.
         """
+        if self.is_rdp:
+            raise PrivacyError(f"the ledger {self.path} composes Renyi curves (rdp accountant); "
+                               f"the answering door keeps running totals of (eps, delta) "
+                               f"charges and takes standard, advanced, best or tight ledgers "
+                               f"only: release through Ledger.release, or serve from a ledger "
+                               f"of another accountant")
         rng = insecure_rng if insecure_rng is not None else make_generator(None)
         seeded = insecure_rng is not None
         prepared = []
@@ -808,8 +962,9 @@ class Ledger:
         """Every check `release` makes before it records anything (inputs, relation, the
         fixed per-query guarantee, the budget), recording nothing: a dry run, e.g. on an
         in-memory ledger with a new file ledger's settings before that file is created."""
-        _, eps_c, delta_c = self._charge(mechanism, inputs)
-        self._check_budget(eps_c, delta_c, inputs.n_queries if mechanism.per_query else 1)
+        guarantee, eps_c, delta_c = self._charge(mechanism, inputs)
+        self._check_budget(eps_c, delta_c, inputs.n_queries if mechanism.per_query else 1,
+                           self._curve_for(guarantee))
 
     def entries(self) -> list[LedgerEntry]:
         """Every recorded charge, oldest first."""
@@ -826,8 +981,9 @@ def _check_given(given: dict) -> None:
         check_epsilon(given["budget_epsilon"], problems, name="budget_epsilon")
     if given["budget_delta"] is not None:
         check_delta(given["budget_delta"], problems, name="budget_delta", allow_zero=True)
-    if given["accountant"] is not None and given["accountant"] not in ACCOUNTANTS:
-        problems.add(f"accountant must be one of {ACCOUNTANTS}, got {given['accountant']!r}")
+    if given["accountant"] is not None and given["accountant"] not in LEDGER_ACCOUNTANTS:
+        problems.add(f"accountant must be one of {LEDGER_ACCOUNTANTS}, got "
+                     f"{given['accountant']!r}")
     if given["relation"] is not None:
         check_relation(given["relation"], problems)
     if given["per_query_epsilon"] is not None:
@@ -873,10 +1029,17 @@ def _create(conn: sqlite3.Connection, path: str, given: dict) -> dict:
             f"the {accountant} accountant composes a sequence of per-query guarantees fixed in "
             f"advance, not epsilons chosen release by release: create the ledger with a fixed "
             f"per-query (epsilon, delta), or use the standard accountant")
-    if accountant == "standard" and pq_eps is not None:
-        pq_eps = pq_delta = None       # standard composition needs no fixed plan
+    if accountant in ("standard", "rdp") and pq_eps is not None:
+        pq_eps = pq_delta = None       # standard and Renyi composition need no fixed plan
+    if accountant == "rdp" and delta_t == 0:
+        raise PrivacyError("the rdp accountant converts Renyi curves to (eps, delta)-DP and "
+                           "needs budget_delta > 0 (e.g. 1e-5); use 'standard' for a pure-eps "
+                           "budget")
     delta_prime = given["delta_prime"]
-    Accountant(accountant, delta_prime)
+    if accountant == "rdp" and delta_prime is not None:
+        raise PrivacyError("the rdp accountant takes no delta_prime (its conversion uses the "
+                           "whole budget_delta)")
+    Accountant("standard" if accountant == "rdp" else accountant, delta_prime)
     if delta_prime is not None and delta_prime >= delta_t:
         raise PrivacyError(f"delta_prime={delta_prime!r} must be below budget_delta="
                            f"{delta_t!r}; lower delta_prime or leave it unset")
@@ -909,7 +1072,8 @@ def _compare(path: str, meta: dict, given: dict) -> None:
         stored = meta.get(key)
         if key == "dataset_sha256" and stored is None:
             continue           # bound by the first release
-        if key in ("per_query_epsilon", "per_query_delta") and meta["accountant"] == "standard":
+        if key in ("per_query_epsilon", "per_query_delta") and \
+                meta["accountant"] in ("standard", "rdp"):
             continue           # a standard ledger fixes no per-query guarantee
         if value != stored:
             mismatch.append(f"{key}={value!r} (stored {stored!r})")

@@ -55,7 +55,7 @@ from agt.errors import DataError, Problems
 from mechanisms.checks import class_array, radius_array
 
 __all__ = ["RADIUS_RULES", "vote_counts", "aggregate", "flips_needed", "ensemble_radius",
-           "ptr_distance", "counts_of"]
+           "ptr_distance", "counts_of", "probability_of_labels"]
 
 RADIUS_RULES: tuple[str, ...] = ("thm5.3", "tight")
 
@@ -190,3 +190,11 @@ def ptr_distance(teacher_predictions: ArrayLike, teacher_radii: ArrayLike | None
     if teacher_radii is None:
         return flips_needed(teacher_predictions, n_classes) - 1
     return ensemble_radius(teacher_predictions, teacher_radii, "tight", n_classes)
+
+
+def probability_of_labels(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """p[q, y[q]] per query from a (Q, C) table of release probabilities; 0 where y[q] is not
+    a class (REFUSED, or out of range): the `_correct` of the noisy-argmax releases."""
+    n_classes = p.shape[1]
+    valid = (y >= 0) & (y < n_classes)
+    return np.where(valid, p[np.arange(len(y)), np.clip(y, 0, n_classes - 1)], 0.0)

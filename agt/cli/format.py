@@ -84,6 +84,13 @@ def finite_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = finite_float(text)
     if value <= 0:
@@ -116,6 +123,9 @@ def add_mechanism_options(p, ensembles: bool) -> None:
     p.add_argument("--fallback", choices=("exp-radius", "refuse"),
                    help="svt / ens-svt: the answer of an unstable query (default exp-radius)")
     if ensembles:
+        p.add_argument("--threshold", type=non_negative_float, metavar="T",
+                       help="confident-gnmax: answer only where the noisy top vote count "
+                            "reaches T (default: half the teachers)")
         p.add_argument("--radius-rule", choices=("thm5.3", "tight"),
                        help="ens-ss-*: ensemble radius, min-cost (default) or AGT Thm 5.3 "
                             "(the paper's, m - 1 smaller)")
@@ -126,7 +136,8 @@ def mechanism_options(args) -> dict:
     from agt.errors import ConfigError
 
     takes = {"cutoff": ("svt", "ens-svt"), "fallback": ("svt", "ens-svt"),
-             "radius_rule": ("ens-ss-laplace", "ens-ss-cauchy")}
+             "radius_rule": ("ens-ss-laplace", "ens-ss-cauchy"),
+             "threshold": ("confident-gnmax",)}
     out = {}
     for key, names in takes.items():
         value = getattr(args, key, None)
@@ -144,7 +155,7 @@ def add_release_options(p, out_help: str, accountant_help: str, ensembles: bool)
     p.add_argument("--ledger", type=non_empty,
                    help="SQLite privacy ledger (default: the private dataset's own ledger "
                         "under $AGT_LEDGER_DIR or ~/.agt/ledgers); created if missing")
-    p.add_argument("--accountant", choices=("standard", "best", "advanced", "tight"),
+    p.add_argument("--accountant", choices=("standard", "best", "advanced", "tight", "rdp"),
                    help=accountant_help)
     p.add_argument("--relation", choices=("replace-one", "add-remove"),
                    help="neighbouring relation of a new ledger (default replace-one)")

@@ -52,8 +52,9 @@ def add_parser(sub) -> None:
     p.add_argument("--budget-delta", type=unit_float,
                    help="total delta budget of a new ledger (default 0)")
     add_release_options(p, "output .csv (index,label)",
-                        "composition of a new ledger (default standard; the others fix the "
-                        "per-query (eps, delta) of this call for the ledger's lifetime)",
+                        "composition of a new ledger (default standard; best, advanced and "
+                        "tight fix the per-query (eps, delta) of this call for the ledger's "
+                        "lifetime; rdp composes Renyi curves and needs --budget-delta > 0)",
                         ensembles=False)
     p.set_defaults(func=run)
 

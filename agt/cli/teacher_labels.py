@@ -69,7 +69,9 @@ def add_parser(sub) -> None:
                    help="teacher of an ensemble used by single-model mechanisms (default 0)")
     add_release_options(p, "output labels .npz",
                         "composition of a new ledger (default best, with this plan's per-query "
-                        "guarantee fixed); an existing ledger keeps its own", ensembles=True)
+                        "guarantee fixed; rdp: Renyi curves, the sigmas of gnmax and "
+                        "confident-gnmax planned from the total); an existing ledger keeps its "
+                        "own", ensembles=True)
     p.add_argument("--train-student", action="store_true",
                    help="train a plain (non-AGT) student on the released labels and report "
                         "its test accuracy (x_test/y_test of the public file)")
@@ -132,6 +134,7 @@ def run(args) -> int:
     from mechanisms import MECHANISMS, Certified, Ledger, Votes, default_ledger_path, make_mechanism
     from mechanisms.accounting import plan_queries
     from mechanisms.ledger import hash_query
+    from mechanisms.rdp_plan import plan_renyi
 
     out = check_output(args.out, suffixes=(".npz",), overwrite=args.overwrite)
     check_not_an_input(out, {"--ledger": args.ledger, "--ensemble": args.ensemble,
@@ -169,11 +172,17 @@ def run(args) -> int:
     with default_ledger_unnamed(None if args.ledger else path):
         if is_new_ledger(path):
             accountant = args.accountant or ("best" if probe.per_query else "standard")
-            eps_q, delta_q = plan_queries(args.epsilon_total, args.delta_total, q,
-                                          entry.needs_delta, accountant, args.per_query_delta,
-                                          session=not probe.per_query)
-            mechanism = make_mechanism(args.mechanism, eps_q,
-                                       delta_q if entry.needs_delta else None, **options)
+            if accountant == "rdp":
+                _no_per_query_delta(args)
+                mechanism = plan_renyi(args.mechanism, args.epsilon_total, args.delta_total,
+                                       q, **options)
+            else:
+                eps_q, delta_q = plan_queries(args.epsilon_total, args.delta_total, q,
+                                              entry.needs_delta, accountant,
+                                              args.per_query_delta,
+                                              session=not probe.per_query)
+                mechanism = make_mechanism(args.mechanism, eps_q,
+                                           delta_q if entry.needs_delta else None, **options)
             g = mechanism.guarantee_for(inputs, args.relation or "replace-one")
             ledger = open_ledger(args.ledger, dataset, args.epsilon_total, args.delta_total,
                                  accountant, args.relation, (g.epsilon, g.delta),
@@ -191,7 +200,7 @@ def run(args) -> int:
                 released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)
                 guard.spent = True
                 summary = ledger_line(ledger, named=bool(args.ledger))
-                accountant = ledger.accountant.name
+                accountant = ledger.accountant_name
                 budget = (ledger.budget_epsilon, ledger.budget_delta)
             labels = released.labels
             g = released.guarantee
@@ -238,7 +247,12 @@ def _mechanism_for(ledger, args, entry, q: int, options: dict, session: bool):
     """The mechanism at the per-query guarantee an existing ledger allows for q releases."""
     from mechanisms import make_mechanism
     from mechanisms.accounting import plan_queries
+    from mechanisms.rdp_plan import plan_renyi
 
+    if ledger.is_rdp:
+        _no_per_query_delta(args)
+        return plan_renyi(args.mechanism, ledger.budget_epsilon, ledger.budget_delta, q,
+                          spent=ledger.spent_curve(), **options)
     if ledger.per_query is not None:
         eps_q, delta_q = ledger.per_query
         if entry.needs_delta and delta_q <= 0:
@@ -252,6 +266,12 @@ def _mechanism_for(ledger, args, entry, q: int, options: dict, session: bool):
                                       spent=ledger._recorded_groups(), session=session)
     return make_mechanism(args.mechanism, eps_q, delta_q if entry.needs_delta else None,
                           **options)
+
+
+def _no_per_query_delta(args) -> None:
+    if args.per_query_delta is not None:
+        raise ConfigError("--per-query-delta does not apply to an rdp ledger (it plans Renyi "
+                          "curves, whose delta is the total's); leave it out")
 
 
 def _student(cfg, x, labels, public_test, n_classes: int) -> None:

@@ -189,6 +189,11 @@ class PredictionService:
 
         try:
             ledger = Ledger.open(self._ledger_path, **self._ledger_args)
+            if ledger.is_rdp:    # refused at start, not on every request
+                ledger.close()
+                raise PrivacyError(f"{self._ledger_path} is an rdp ledger; the service answers "
+                                   f"through ledgers of the standard, best, advanced or tight "
+                                   f"accountant (their running totals)")
         except BaseException as exc:
             self._failed = exc
             self._ready.set()
@@ -309,7 +314,7 @@ class PredictionService:
                            "remaining": {"epsilon": max(0.0, ledger.budget_epsilon
                                                         - spent.epsilon),
                                          "delta": max(0.0, ledger.budget_delta - spent.delta)},
-                           "accountant": ledger.accountant.name}}
+                           "accountant": ledger.accountant_name}}
         if principal.budget is not None:
             eps_b, delta_b = principal.budget
             out["budget"] = {"epsilon": eps_b, "delta": delta_b}

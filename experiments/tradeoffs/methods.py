@@ -6,7 +6,8 @@ from __future__ import annotations
 #: private training: one session of the total budget covers every query
 TRAINING = ("model-sens", "model-sens-gauss", "loss-pert", "loss-pert-gauss", "dp-sgd")
 #: private prediction: each query (or, for df-exp-zcdp, the B-query session) pays
-PREDICTION = ("pred-sens", "pred-sens-gauss", "df-exp", "df-exp-zcdp", "lnmax")
+PREDICTION = ("pred-sens", "pred-sens-gauss", "df-exp", "df-exp-zcdp", "lnmax", "gnmax",
+              "confident-gnmax")
 #: AGT releases of every task; AGT_BINARY releases need two classes, so binary only
 AGT_MULTI = ("ss-argmax", "exp-radius", "ptr", "ens-exp-radius")
 AGT_BINARY = ("gs", "ss-cauchy", "ss-laplace")

@@ -17,7 +17,8 @@ from experiments.tradeoffs.settings import TradeoffSettings
 COLORS = {"model-sens": "tab:blue", "model-sens-gauss": "tab:blue", "loss-pert": "tab:cyan",
           "loss-pert-gauss": "tab:cyan", "pred-sens": "tab:orange",
           "pred-sens-gauss": "tab:orange", "df-exp": "tab:red", "df-exp-zcdp": "tab:red",
-          "lnmax": "tab:pink", "ss-argmax": "tab:green", "exp-radius": "tab:brown",
+          "lnmax": "tab:pink", "gnmax": "gold", "confident-gnmax": "darkkhaki",
+          "ss-argmax": "tab:green", "exp-radius": "tab:brown",
           "ptr": "tab:olive", "ens-exp-radius": "tab:purple", "gs": "0.3",
           "ss-cauchy": "tab:gray", "ss-laplace": "k", "dp-sgd": "navy"}
 
@@ -28,7 +29,8 @@ FIG_FILES = {"fig1": ("fig1_eps_delta0", "fig1_eps_delta"), "fig2": ("fig2_budge
 #: panels that show only the methods their x-axis acts on (lambda: the convex fits;
 #: T: the vote methods)
 FIG_ONLY = {"fig6_lambda": TRAINING[:4] + ("pred-sens", "pred-sens-gauss"),
-            "fig6_teachers": ("df-exp", "df-exp-zcdp", "lnmax", "ens-exp-radius")}
+            "fig6_teachers": ("df-exp", "df-exp-zcdp", "lnmax", "gnmax", "confident-gnmax",
+                              "ens-exp-radius")}
 TITLES = {"fig1_eps_delta0": "delta = 0", "fig1_eps_delta": "delta = {delta:g}",
           "fig2_budget": "eps = {eps:g}, delta = {delta:g}", "fig3_delta": "eps = {eps:g}, B = {B}",
           "fig4_n": "eps = {eps:g}, delta = {delta:g}, B = {B}",

@@ -117,6 +117,24 @@ class Setup:
         return self.agt_votes if name == "ens-exp-radius" else [self.votes]
 
 
+#: PATE 2018's releases: their noise is calibrated so that the B queries' Renyi curves
+#: compose (rdp ledger) to the row's (eps, delta), the accounting they are designed for
+RENYI_CALIBRATED = ("gnmax", "confident-gnmax")
+
+
+def _renyi_calibrated(name: str, eps: float, delta: float, budget: int, setup):
+    """gnmax / confident-gnmax whose B-query composition fits (eps, delta); confident-gnmax
+    with threshold 0.8 T (PATE's MNIST ratio), T the number of teachers: public values."""
+    from mechanisms.pate import sigmas_for_budget
+
+    sigma, sigma1 = sigmas_for_budget(eps, delta, budget, confident=name != "gnmax")
+    if name == "gnmax":
+        return make_mechanism(name, 1e6, delta, sigma=sigma)
+    teachers = setup.inputs_for(name)[0].n_teachers
+    return make_mechanism(name, 1e6, delta, threshold=0.8 * teachers, sigma1=sigma1,
+                          sigma2=sigma)
+
+
 def _sha(*arrays: np.ndarray) -> str:
     h = hashlib.sha256()
     for a in arrays:
@@ -419,7 +437,12 @@ class Study:
         eps_q, delta_q = plan_queries(eps, delta, budget, entry.needs_delta,
                                       "standard" if session or delta == 0 else "best",
                                       session=session)
-        mech = make_mechanism(name, eps_q, delta_q if entry.needs_delta else None)
+        if name in RENYI_CALIBRATED:
+            accountant = "rdp"
+            mech = _renyi_calibrated(name, eps, delta, budget, setup)
+            eps_q, delta_q = mech.guarantee(RELATION).epsilon, mech.guarantee(RELATION).delta
+        else:
+            mech = make_mechanism(name, eps_q, delta_q if entry.needs_delta else None)
         per_seed = setup.inputs_for(name)
         exact = name not in SAMPLED_ONLY
         if name.startswith("loss-pert"):

@@ -154,7 +154,7 @@ def test_blobs_reproduce_end_to_end(tmp_path, capsys):
     teach = load(out, "blobs", "teacher")["results"]
     rows = teach["per_n_public"][0]["rows"]
     assert set(rows) == {"single-gs", "single-ss", "single-exp", "single-svt", "sa-gs", "sa-ss",
-                         "sa-exp", "sa-svt"}
+                         "sa-exp", "sa-svt", "sa-gnmax", "sa-cgnmax"}
     for r in rows.values():
         assert len(r["label_accuracy"]) == 1
         assert math.isnan(r["student_accuracy_mean"]) or 0 <= r["student_accuracy_mean"] <= 1

@@ -241,7 +241,13 @@ def test_other_bad_openings(tmp_path):
     with pytest.raises(PrivacyError, match="new ledger"):
         Ledger.open(tmp_path / "new.db")
     with pytest.raises(PrivacyError, match="accountant must be"):
+        Ledger.open(tmp_path / "a.db", 1.0, 0.0, accountant="renyi")
+    with pytest.raises(PrivacyError, match="budget_delta > 0"):
         Ledger.open(tmp_path / "a.db", 1.0, 0.0, accountant="rdp")
+    with pytest.raises(PrivacyError, match="no delta_prime"):
+        Ledger.open(tmp_path / "a.db", 1.0, 1e-5, accountant="rdp", delta_prime=1e-6)
+    assert not (tmp_path / "a.db").exists() or Ledger.open(tmp_path / "a.db", 1.0, 1e-5,
+                                                            accountant="rdp").is_rdp
     with pytest.raises(PrivacyError, match="budget_delta > 0"):
         Ledger.open(tmp_path / "b.db", 1.0, 0.0, accountant="advanced", per_query_epsilon=0.1)
     with pytest.raises(PrivacyError, match="delta_prime"):

@@ -475,3 +475,42 @@ def test_release_commands_offer_only_what_they_can_release(workdir, tmp_path, ca
             main([str(a) for a in argv])
         assert stop.value.code == 2
     assert not list(tmp_path.iterdir())
+
+
+# -- PATE under the rdp accountant ----------------------------------------------------------
+
+@pytest.mark.parametrize("mech", ("gnmax", "confident-gnmax", "lnmax"))
+def test_teacher_labels_under_the_rdp_accountant(workdir, tmp_path, capsys, mech):
+    extra = ("--threshold", 2) if mech == "confident-gnmax" else ()
+    rc, out, err = run(capsys, *labels_args(workdir, tmp_path, mech, 20.0, 1e-5, "labels.npz",
+                                            "l.db", "--accountant", "rdp", *extra))
+    assert rc == 0, err
+    f = np.load(tmp_path / "labels.npz")
+    labels = f["labels"]
+    assert str(f["accountant"]) == "rdp" and labels.shape == (Q,)
+    assert set(np.unique(labels)) <= ({-1, 0, 1} if mech == "confident-gnmax" else {0, 1})
+    # only labels and public metadata: no votes, radii, costs or sensitivities
+    assert not {"votes", "radii", "data_dependent", "sensitivity"} & set(f.files)
+    with Ledger.open(tmp_path / "l.db") as ledger:
+        assert ledger.is_rdp and len(ledger.entries()) == Q
+        spent = ledger.spent()
+        assert spent.method == "rdp" and spent.fits(20.0, 1e-5)
+        assert spent.epsilon > 0.9 * 20.0          # the plan uses the budget it was given
+    # the budget is spent: a second run is refused before anything is drawn
+    rc, _, err = run(capsys, *labels_args(workdir, tmp_path, mech, 20.0, 1e-5, "again.npz",
+                                          "l.db", "--accountant", "rdp", *extra))
+    assert rc == 2 and ("budget" in err) and not (tmp_path / "again.npz").exists()
+    assert len(releases(tmp_path / "l.db")) == Q
+
+
+def test_rdp_ledger_refuses_a_mechanism_without_a_curve(workdir, tmp_path, capsys):
+    rc, _, err = run(capsys, *labels_args(workdir, tmp_path, "ens-ptr-votes", 20.0, 1e-5,
+                                          "labels.npz", "l.db", "--accountant", "rdp"))
+    assert rc == 2 and "Renyi" in err
+    assert not (tmp_path / "labels.npz").exists() and not (tmp_path / "l.db").exists()
+
+
+def test_threshold_is_confident_gnmax_only(workdir, tmp_path, capsys):
+    rc, _, err = run(capsys, *labels_args(workdir, tmp_path, "gnmax", 20.0, 1e-5, "labels.npz",
+                                          "l.db", "--threshold", 2))
+    assert rc == 2 and "--threshold applies to confident-gnmax" in err

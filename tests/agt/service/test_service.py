@@ -439,3 +439,18 @@ def test_a_removed_keys_file_admits_no_one(tmp_path, world):
             assert err.value.status == 401
     finally:
         srv.stop()
+
+
+def test_an_rdp_ledger_is_refused_when_the_service_starts(world, tmp_path):
+    """The answering door keeps (eps, delta) running totals; an rdp ledger is refused at
+    start with the reason, not request by request."""
+    from agt.errors import PrivacyError
+    from agt.service.server import PredictionService
+    from agt.store import read_bundle
+    from mechanisms import Ledger, make_mechanism
+
+    d, _, _ = world
+    path = tmp_path / "rdp.db"
+    Ledger.open(path, 5.0, 1e-5, "rdp").close()
+    with pytest.raises(PrivacyError, match="rdp ledger"):
+        PredictionService(read_bundle(d / "b.h5"), make_mechanism("exp-radius", 0.5), path)
