@@ -516,10 +516,8 @@ class Ledger:
                                f"{self.path} has the {self.accountant_name} accountant")
         if insecure_rng is not None and not isinstance(insecure_rng, np.random.Generator):
             raise PrivacyError("insecure_rng must be a numpy Generator")
-        from mechanisms.rdp import curve_epsilon as _eps
-
         curve = estimate.plan.curve
-        eps_c, _ = _eps(curve, self.budget_delta)
+        eps_c, _ = curve_epsilon(curve, self.budget_delta)
         seeded = insecure_rng is not None
         note = (f"relation={self.relation}; sanitised data-dependent cost at order "
                 f"{estimate.plan.order!r} (beta {estimate.plan.beta!r}, sigma "

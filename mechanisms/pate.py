@@ -99,27 +99,26 @@ def threshold_curve(sigma1: float) -> Curve:
     return gaussian_curve(0.5 / float(sigma1) ** 2)
 
 
-def calibrate_sigma(epsilon: float, delta: float, rho_per_unit: float = 1.0,
+def calibrate_sigma(epsilon: float, delta: float, *, confident: bool = False,
                     spent: Curve | None = None, count: int = 1) -> float:
     """The smallest sigma (to 1e-9 relative, rounded up) such that `count` charges of the
-    curve gaussian_curve(rho_per_unit / sigma^2), composed after `spent` (a curve already
-    charged, or nothing) exactly as an rdp ledger composes them, convert to at most
-    (epsilon, delta)-DP.
+    per-query curve at sigma (gnmax's `gnmax_curve(sigma)`; with `confident`,
+    confident-gnmax's at sigma_2 = sigma, sigma_1 = 2 sigma), composed after `spent` (a
+    curve already charged, or nothing) exactly as an rdp ledger composes them, convert to at
+    most (epsilon, delta)-DP.
 
     Args:
         epsilon: the epsilon to fit in, > 0.
         delta: the delta it is converted at, in (0, 1).
-        rho_per_unit: the per-query curve's slope at sigma = 1 (1 for gnmax; 9/8 for
-            confident-gnmax with sigma_1 = 2 sigma_2).
+        confident: calibrate confident-gnmax's sigma_2 instead of gnmax's sigma.
         spent: a curve composed before (an rdp ledger's `spent_curve`).
         count: the number of charges (queries).
     """
     epsilon, delta = float(epsilon), float(delta)
 
     def eps_at(sigma: float) -> float:
-        groups = [(_per_query_curve(rho_per_unit, sigma), int(count))]
-        if spent is not None:
-            groups.append((spent, 1))
+        own = _confident_curve(2.0 * sigma, sigma) if confident else gnmax_curve(sigma)
+        groups = [(own, int(count))] + ([(spent, 1)] if spent is not None else [])
         return curve_epsilon(compose_curves(groups), delta)[0]
 
     lo, hi = _MIN_SIGMA, _MAX_SIGMA
@@ -137,19 +136,9 @@ def calibrate_sigma(epsilon: float, delta: float, rho_per_unit: float = 1.0,
     return hi
 
 
-def _per_query_curve(rho_per_unit: float, sigma: float) -> Curve:
-    """The per-query curve the mechanisms state for this sigma: gnmax's (slope 1) and
-    confident-gnmax's (slope 9/8, sigma_1 = 2 sigma) with the very float arithmetic of
-    `gnmax_curve` and `ConfidentGaussianNoisyMax.curve`, so a plan and the ledger's charge
-    are the same floats."""
-    if rho_per_unit == 1.0:
-        return gnmax_curve(sigma)
-    if rho_per_unit == 1.0 + 1.0 / 8.0:
-        return _confident_curve(2.0 * sigma, sigma)
-    return gaussian_curve(rho_per_unit / sigma ** 2)
-
-
 def _confident_curve(sigma1: float, sigma2: float) -> Curve:
+    """confident-gnmax's per-query curve (the one float expression the mechanism and the
+    planner share, so a plan and the ledger's charge are the same floats)."""
     return gaussian_curve(0.5 / sigma1 ** 2 + 1.0 / sigma2 ** 2)
 
 
@@ -174,8 +163,7 @@ def sigmas_for_budget(epsilon_total: float, delta_total: float, n_queries: int, 
     problems.check(isinstance(n_queries, (int, np.integer)) and not isinstance(n_queries, bool)
                    and n_queries >= 1, f"n_queries must be an integer >= 1, got {n_queries!r}")
     problems.raise_if_any()
-    unit = (1.0 + 1.0 / 8.0) if confident else 1.0
-    sigma = calibrate_sigma(epsilon_total, delta_total, rho_per_unit=unit, spent=spent,
+    sigma = calibrate_sigma(epsilon_total, delta_total, confident=confident, spent=spent,
                             count=int(n_queries))
     if confident and 2.0 * sigma > _MAX_SIGMA:
         raise PrivacyError(f"sigma_1 = 2 sigma_2 = {2 * sigma:.6g} would be above "
@@ -417,7 +405,7 @@ class ConfidentGaussianNoisyMax(Mechanism):
         object.__setattr__(self, "epsilon", float(self.epsilon))
         object.__setattr__(self, "delta", float(self.delta))
         if self.sigma1 is None:
-            s2 = calibrate_sigma(self.epsilon, self.delta, rho_per_unit=1.0 + 1.0 / 8.0)
+            s2 = calibrate_sigma(self.epsilon, self.delta, confident=True)
             object.__setattr__(self, "sigma1", 2.0 * s2)
             object.__setattr__(self, "sigma2", s2)
         else:

@@ -80,7 +80,7 @@ def plan_renyi(name: str, epsilon_total: float, delta_total: float, n_queries: i
         return curve_epsilon(compose_curves(groups), delta_total)[0] <= epsilon_total
 
     lo, hi = 0.0, float(epsilon_total)
-    if not fits(min(hi, 1e-12) or 1e-300):
+    if not fits(min(hi, 1e-12)):
         raise BudgetExceededError(f"the rdp ledger's budget ({epsilon_total!r}, "
                                   f"{delta_total!r}) has no room for {count} more charge(s)")
     for _ in range(200):
