@@ -37,6 +37,7 @@ import numpy as np
 
 from agt.config import load_config
 from agt.data import load_dataset
+from agt.errors import ConfigError
 from mechanisms import make_mechanism
 from mechanisms.inputs import Votes
 from mechanisms.ledger import Ledger
@@ -191,6 +192,11 @@ def markdown(results: list[dict]) -> str:
 
 def run_pate(out: str | Path, quick: bool = False, progress: bool = False) -> list[dict]:
     """Run every cell of the plan and write ``results.json`` and ``summary.md`` to `out`."""
+    try:
+        import sklearn  # noqa: F401  (the digits data and the students)
+    except ImportError:
+        raise ConfigError('agt reproduce pate needs scikit-learn (the digits data and the '
+                          'students): pip install -e ".[datasets]"') from None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -22,8 +22,9 @@ apply to it (--threads does; default 1 thread: its problems are small).
 
 ``agt reproduce pate [--quick]`` runs the PATE table (experiments/pate.py): LNMax, GNMax and
 Confident-GNMax with data-independent, data-dependent and sanitised Renyi accounting, with
-and without AGT radii, on Blobs (250 teachers) and digits (16, 32, 64 teachers), and writes
-``<out>/pate/`` (``<out>/pate-quick/``): results.json and summary.md.
+and without AGT radii, on Blobs (25 and 250 teachers) and digits (16, 32, 64 teachers), and
+writes ``<out>/pate/`` (``<out>/pate-quick/``): results.json and summary.md (needs
+scikit-learn, the datasets extra).
 """
 
 from __future__ import annotations
