@@ -62,7 +62,7 @@ from mechanisms.inputs import Votes
 from mechanisms.rdp import Curve, compose_curves, curve_epsilon, gaussian_curve
 from mechanisms.votes import counts_of, probability_of_labels
 
-__all__ = ["GaussianNoisyMax", "ConfidentGaussianNoisyMax", "gnmax_curve", "threshold_curve",
+__all__ = ["GaussianNoisyMax", "ConfidentGaussianNoisyMax", "gnmax_curve",
            "MAX_ANALYSIS_SIGMA",
            "calibrate_sigma", "sigmas_for_budget", "difference_tail", "gaussian_tail", "dg_pmf",
            "gnmax_probabilities", "answer_probabilities", "gnmax_draw", "REFUSED"]
@@ -92,11 +92,6 @@ def _sigma_sq(sigma: float) -> Fraction:
 def gnmax_curve(sigma: float) -> Curve:
     """gnmax's curve: alpha / sigma^2 (L2 sensitivity sqrt(2))."""
     return gaussian_curve(1.0 / float(sigma) ** 2)
-
-
-def threshold_curve(sigma1: float) -> Curve:
-    """The threshold test's curve: alpha / (2 sigma_1^2) (sensitivity 1)."""
-    return gaussian_curve(0.5 / float(sigma1) ** 2)
 
 
 def calibrate_sigma(epsilon: float, delta: float, *, confident: bool = False,

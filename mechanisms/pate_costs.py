@@ -201,14 +201,18 @@ def _envelope(kind: str, scale: float, order: float) -> tuple[NDArray[np.float64
     return suffix_min, float(values[-1])
 
 
+def _grid_index(q: ArrayLike) -> NDArray[np.int64]:
+    """The first grid index with grid >= ln q (q = 0 maps to the grid's start: ln q < -740)."""
+    with np.errstate(divide="ignore"):
+        logq = np.log(np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0))
+    n = int(round(-_LOGQ_MIN / _LOGQ_STEP)) + 1
+    idx = np.ceil((np.maximum(logq, _LOGQ_MIN) - _LOGQ_MIN) / _LOGQ_STEP).astype(np.int64)
+    return np.clip(idx, 0, n - 1)
+
+
 def _monotone_cost(kind: str, scale: float, order: float, q: ArrayLike) -> NDArray[np.float64]:
     env, _ = _envelope(kind, float(scale), float(order))
-    q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0)
-    with np.errstate(divide="ignore"):
-        logq = np.log(q)
-    # first grid index with grid >= ln q (q = 0 maps to the grid's start: ln q < -740)
-    idx = np.ceil((np.maximum(logq, _LOGQ_MIN) - _LOGQ_MIN) / _LOGQ_STEP).astype(np.int64)
-    return env[np.clip(idx, 0, len(env) - 1)]
+    return env[_grid_index(q)]
 
 
 def _pad_q(q: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -386,14 +390,6 @@ def _q_range(upper: NDArray[np.int64], lower: NDArray[np.int64], sigma: float
     q_hi = difference_tail(sigma, top_low - u_sorted[:, 1:], bound="upper").sum(axis=1)
     q_lo = difference_tail(sigma, top_high - l_sorted[:, 1:], bound="upper").sum(axis=1)
     return np.minimum(q_lo, 1.0), np.minimum(q_hi, 1.0)
-
-
-def _grid_index(q: NDArray[np.float64]) -> NDArray[np.int64]:
-    with np.errstate(divide="ignore"):
-        logq = np.log(np.clip(q, 0.0, 1.0))
-    n = int(round(-_LOGQ_MIN / _LOGQ_STEP)) + 1
-    idx = np.ceil((np.maximum(logq, _LOGQ_MIN) - _LOGQ_MIN) / _LOGQ_STEP).astype(np.int64)
-    return np.clip(idx, 0, n - 1)
 
 
 @lru_cache(maxsize=32)
