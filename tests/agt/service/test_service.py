@@ -340,7 +340,9 @@ def test_kill_dash_nine_under_load_loses_nothing(tmp_path, world):
     stop = threading.Event()
 
     def run(i: int):
-        with Client(srv.url, keys["alice"], timeout=10) as c:
+        # a generous timeout: on a loaded 2-core CI box the first answers can take seconds,
+        # and a client that gives up early would leave nothing answered before the kill
+        with Client(srv.url, keys["alice"], timeout=120) as c:
             j = i * 400
             while not stop.is_set() and j < (i + 1) * 400:
                 batch = q[j:j + 5]
@@ -355,7 +357,14 @@ def test_kill_dash_nine_under_load_loses_nothing(tmp_path, world):
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    time.sleep(2.0)
+    # kill only once clients are being answered (the state under test), however slow the box
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        with lock:
+            if len(got) >= 20:
+                break
+        time.sleep(0.05)
+    time.sleep(0.3)
     srv.proc.send_signal(signal.SIGKILL)
     srv.proc.wait(timeout=30)
     stop.set()
