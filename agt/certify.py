@@ -38,11 +38,14 @@ from agt.bounded.layers import rule_for
 from agt.bounded.network import Network
 from agt.errors import BundleError, DataError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
+from agt.margin_screen import LinearMarginScreen
 from agt.stability import parameter_norm
 from agt.store import Bundle
 from agt.tensors import overflow_limit, predicted_classes, strict_kernels, torch_dtype
 
 _QUERY_ELEMENTS = 1 << 23
+_SCREEN_CHUNK = 1 << 16       # queries per chunk of the screened search
+_SCREEN_SLOTS = 16            # reference tests per screened step, padded
 _U64 = 2.0**-53
 
 
@@ -113,6 +116,13 @@ class Certifier:
                                   f"the k grid has {len(self.k_values)} values")
             self.ball = torch.as_tensor(bundle.ball_radius, dtype=BOUND_DTYPE, device=self.device)
             self.center_norm = parameter_norm({n: self.nominal[n] for n in self.trainable})
+        weight = f"{self.last}.weight"
+        #: the linear margin screen (agt/margin_screen.py), built on the first search;
+        #: False where the model has none
+        self._screen: LinearMarginScreen | bool = (
+            not self.prefix.layers and not self.body.layers and self.ball is None
+            and self.trajectory is None and weight in self.lower
+            and LinearMarginScreen.fits(self.lower, weight))
 
     # -- inputs and nominal predictions -----------------------------------------------------
     def _check_queries(self, x) -> torch.Tensor:
@@ -276,7 +286,46 @@ class Certifier:
     def _query_chunk(self) -> int:
         p = sum(int(self.lower[n][0].numel()) for n in self.trainable)
         width = max(p, self.n_logits * 8)
+        if self._screen:
+            # the screen touches 2 in x C floats per query and step: keep a chunk in cache
+            width = max(width, 1 << 6)
+            return max(1, min(_SCREEN_CHUNK, _QUERY_ELEMENTS // width))
         return max(1, _QUERY_ELEMENTS // width)
+
+    @property
+    def screen(self) -> LinearMarginScreen | None:
+        """The linear margin screen of this bundle, or None where the model has none."""
+        if self._screen is True:
+            weight, bias = f"{self.last}.weight", f"{self.last}.bias"
+            self._screen = LinearMarginScreen(self.lower, self.upper, weight,
+                                              bias if bias in self.lower else None,
+                                              self.k_float, self.fm)
+        return self._screen or None
+
+    def _screened_test(self, feats, pred: torch.Tensor, x_mag: torch.Tensor):
+        """The test `_certified(feats, pred, j, x_mag)` as a function of j, through the
+        linear screen where the model allows one (agt/margin_screen.py): the same decisions,
+        with only the pairs the screen cannot tell sent to the reference. Those go in a
+        fixed number of padded slots per step, so the work per step does not depend on the
+        data unless more than `_SCREEN_SLOTS` pairs of a chunk sit within the screen's error
+        bar of zero (margins within about 1e-11 of their magnitude from zero)."""
+        screen = self.screen
+        if screen is None:
+            return lambda j: self._certified(feats, pred, j, x_mag)
+        x_split, norm1 = screen.split(feats)
+
+        def test(j: torch.Tensor) -> torch.Tensor:
+            sure, unsure = screen.decide(x_split, norm1, pred, j)
+            ok = sure & self._fits_dtype(x_mag, j)
+            idx = unsure.nonzero().flatten()
+            slots = max(_SCREEN_SLOTS, -(-idx.numel() // _SCREEN_SLOTS) * _SCREEN_SLOTS)
+            padded = torch.zeros(slots, dtype=idx.dtype, device=idx.device)
+            padded[:idx.numel()] = idx
+            ref = self._certified(feats[padded], pred[padded], j[padded], x_mag[padded])
+            ok[idx] = ref[:idx.numel()]
+            return ok
+
+        return test
 
     # -- public ---------------------------------------------------------------------------
     def certify(self, x, radii: bool = True) -> Certificate:
@@ -297,6 +346,7 @@ class Certifier:
                 sl = slice(q0, q0 + step)
                 feats = self._features(xq[sl])
                 p = pred[sl]
+                test = self._screened_test(feats, p, x_mag[sl])
                 lo = torch.zeros_like(p)            # candidate range [lo, hi] for the answer+1
                 hi = torch.full_like(p, K)
                 # invariant: boxes < lo certified (as far as tested), boxes >= hi not. Always
@@ -305,8 +355,7 @@ class Certifier:
                 for _ in range(K.bit_length()):
                     mid = (lo + hi) // 2
                     active = lo < hi
-                    ok = self._certified(feats, p, mid.clamp(max=K - 1), x_mag[sl])
-                    ok = ok & active
+                    ok = test(mid.clamp(max=K - 1)) & active
                     lo = torch.where(ok, mid + 1, lo)
                     hi = torch.where(active & ~ok, mid, hi)
                 best[sl] = lo - 1

@@ -92,3 +92,45 @@ def spread(values: list[float]) -> str:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+# -- generated data of the paper pipelines' shapes ------------------------------------
+
+def imdb_data(n: int, seed: int = 0):
+    """Two Gaussian classes in 768-d, the scale of mean GPT-2 embeddings."""
+    import numpy as np
+
+    from agt.data import Dataset
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, size=n + 10_000)
+    x = rng.normal(size=(n + 10_000, 768)) * 0.5 + (2 * y[:, None] - 1) * 0.05
+    return Dataset.from_arrays(x[:n], y[:n], x[n:], y[n:])
+
+
+def octmnist_data(n: int, seed: int = 0):
+    """28 x 28 single-channel images whose class shifts a fixed smooth pattern (so a conv
+    net can tell them apart), pixel values in [0, 1] as OctMNIST's scaled images."""
+    import numpy as np
+
+    from agt.data import Dataset
+
+    rng = np.random.default_rng(seed)
+    total = n + 2_000
+    grid = np.linspace(-1, 1, 28)
+    pattern = np.exp(-(grid[:, None] ** 2 + grid[None, :] ** 2) * 3)[None]
+    y = rng.integers(0, 2, size=total)
+    x = rng.random(size=(total, 1, 28, 28)) * 0.6 + 0.4 * y[:, None, None, None] * pattern
+    return Dataset.from_arrays(x[:n], y[:n], x[n:], y[n:])
+
+
+def pipeline_config(name: str, device: str, k_values: str):
+    import yaml
+
+    from agt.config import config_from_dict
+
+    raw = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+    raw.pop("data", None)
+    raw.pop("pretrained", None)      # a random frozen prefix: this check times, not trains
+    raw.update(device=device, k_values=k_values)
+    return config_from_dict(raw)
