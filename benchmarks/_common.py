@@ -124,13 +124,20 @@ def octmnist_data(n: int, seed: int = 0):
     return Dataset.from_arrays(x[:n], y[:n], x[n:], y[n:])
 
 
-def pipeline_config(name: str, device: str, k_values: str):
+def pipeline_config(name: str, device: str, k_values: str | None = None,
+                    pretrained: str | None = None):
+    """configs/<name>.yaml without its data, on ``device``; its own k grid unless
+    ``k_values``; a random frozen prefix unless ``pretrained`` (benchmarks time, not train)."""
     import yaml
 
     from agt.config import config_from_dict
 
     raw = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
     raw.pop("data", None)
-    raw.pop("pretrained", None)      # a random frozen prefix: this check times, not trains
-    raw.update(device=device, k_values=k_values)
+    raw.pop("pretrained", None)
+    raw["device"] = device
+    if k_values is not None:
+        raw["k_values"] = k_values
+    if pretrained:
+        raw["pretrained"] = pretrained
     return config_from_dict(raw)

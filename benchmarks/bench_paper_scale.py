@@ -36,29 +36,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks._common import imdb_data, octmnist_data, pipeline_config  # noqa: E402
 
-IMDB_CHECK = "imdb"
 EPSILON_PER_QUERY = 1.0
 PRETRAIN_BATCH = 100
 PRETRAIN_EPOCHS_IN_PLAN = 20
 
 
-def _config(name: str, pretrained: str | None = None):
-    import yaml
-
-    from agt.config import config_from_dict
-
-    raw = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
-    raw.pop("data", None)
-    raw.pop("pretrained", None)
-    raw["device"] = "cpu"
-    if pretrained:
-        raw["pretrained"] = pretrained
-    return config_from_dict(raw)
-
-
 def _data(name: str, n: int, seed: int = 0):
-    from benchmarks._common import imdb_data, octmnist_data
 
     return imdb_data(n, seed) if name == "imdb" else octmnist_data(n, seed)
 
@@ -80,7 +65,7 @@ def stage_pretrain(n: int, out_path: str) -> dict:
     from agt.models import init_params
 
     torch.set_num_threads(2)
-    cfg = _config("octmnist")
+    cfg = pipeline_config("octmnist", "cpu")
     ds = _data("octmnist", n, seed=1)
     spec = cfg.model.with_input_shape(ds.feature_shape)
     model = spec.build(torch.float32)
@@ -112,7 +97,7 @@ def stage_train(name: str, n: int, with_bounds: bool, bundle_path: str = "",
     from agt.training import train
 
     torch.set_num_threads(2)
-    cfg = _config(name, pretrained or None)
+    cfg = pipeline_config(name, "cpu", pretrained=pretrained or None)
     ds = _data(name, n)
     # untimed: a process's first training pays torch's start-up, not the pipeline's cost
     train(cfg.replace(k_values=[0, 1]), _data(name, 20, seed=4), with_bounds=with_bounds)
