@@ -47,6 +47,12 @@ allowance of the worst batch size within distance k (`nesting_allowance`). The p
   prefix sums give every smaller k.
 * The clamp writes straight into the merge workspace ``[buffer | fragment]`` and the batch
   sum reads the clamped fragment there: no concatenation, no fresh allocations per chunk.
+* Block prefilter (`block_pool`). Where k is small against the fragment, the selection runs
+  over a pool instead of the whole row: the blocks of B values with the best extremes (one
+  cheap max pass), and after the first fragment only the blocks whose extreme beats the
+  buffer's worst value. The pool keeps the same multiset (the block and floor lemmas in
+  its docstring), so this is the exact rule; it cuts the values selected per row from
+  k + F to about k + k B on the IMDB-like benchmark's k = 10 and 100.
 
 Ideas of the issue not kept (benchmarks/bench_imdb.py, bench_heatmap.py): thresholds from the
 nominal order statistics (the variational form is equal to exact only at a threshold between
@@ -54,15 +60,17 @@ the k-th and (k+1)-th largest *bound*, which nominal thresholds rarely hit, and 
 proof is known for thresholds that depend on the data); the variational form at the exact order
 statistic (equal to exact, but that statistic is known only after the last fragment: a
 second pass over the values); lower-precision selection keys (the selection is no longer the
-bottleneck, and ties in a coarser key would need an exact correction); merging a later
-fragment through its candidates only (values beyond the running k-th best, sound by the
-merge lemma): measured slower on the IMDB-like benchmark (k = 10: 17-19 s vs 15-16 s,
-k = 1000: 37-41 s vs 20-21 s), as compacting the candidates costs more than introselect's
-pass over the whole row.
+bottleneck, and ties in a coarser key would need an exact correction); compacting a later
+fragment's single candidate values (beyond the running k-th best): measured slower on the
+IMDB-like benchmark where introselect is SIMD-fast (k = 10: 17-19 s vs 15-16 s, k = 1000:
+37-41 s vs 20-21 s), and on a machine where it is not, building the pool cost as much as
+the selection it saved (k = 1000: 13 ms vs 12 ms per row chunk); the block prefilter
+compacts whole blocks through a top-k of their extremes, with no per-value compaction.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
@@ -156,10 +164,17 @@ SORT_ABOVE_DUPLICATES = 0.2
 SORT_ROWS_UP_TO = 256
 
 
+def _spaced(n: int, parts: int) -> np.ndarray:
+    """``parts + 1`` integer cuts from 0 to n, as even as integers allow (what
+    ``np.linspace(0, n, parts + 1).astype(int)`` gives, without its per-call overhead)."""
+    return np.arange(parts + 1, dtype=np.int64) * n // parts
+
+
 def _duplicate_heavy(a: np.ndarray) -> bool:
     """Estimate, from up to 4 sorted sample rows, whether the rows of ``a`` are mostly ties."""
     rows = a.reshape(-1, a.shape[-1])
-    pick = rows[np.linspace(0, rows.shape[0] - 1, min(rows.shape[0], 4)).astype(np.int64)]
+    n_pick = min(rows.shape[0], 4)
+    pick = rows[_spaced(rows.shape[0] - 1, n_pick - 1) if n_pick > 1 else [0]]
     srt = np.sort(pick, axis=-1)
     return float(np.mean(srt[:, 1:] == srt[:, :-1])) > SORT_ABOVE_DUPLICATES
 
@@ -186,6 +201,93 @@ def select(ws: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
     return ws[..., n - k:] if largest else ws[..., :k]
 
 
+#: Blocks of the prefilter (`block_pool`): at most this many values each; False turns the
+#: prefilter off (the tests compare both ways).
+BLOCK_PREFILTER = True
+MAX_BLOCK = 32
+
+
+def _block_size(width: int, k: int) -> int:
+    """The power of two nearest below sqrt(width / k), within [1, MAX_BLOCK]: a pool of about
+    k blocks of B values after a scan of width / B block extremes costs k B + width / B,
+    least at B = sqrt(width / k)."""
+    target = math.sqrt(width / max(k, 1))
+    return min(MAX_BLOCK, 1 << max(0, int(math.floor(math.log2(max(1.0, target))))))
+
+
+def block_pool(frag: torch.Tensor, k: int, largest: bool,
+               held: torch.Tensor | None = None, seen: int = 0) -> torch.Tensor | None:
+    """A small pool with the same k largest (smallest) values as ``held`` and ``frag``
+    together, or None where blocks would not shrink the selection.
+
+    ``frag`` (rows, F) is cut into blocks of B consecutive values (a shorter tail stays whole
+    in the pool); a block's extreme is its largest (smallest) value. Without ``held`` (the
+    first fragment), the pool is the k blocks of the best extremes: by the block lemma below
+    it holds top_k(frag). With ``held`` (rows, k), the buffer of the k best of the ``seen``
+    values before, the pool is ``held`` with the q blocks of the best extremes, where q is
+    the most blocks of one row whose extreme beats the buffer's worst value ``floor``
+    strictly (q at most k).
+
+    Block lemma. Let t be the k-th best block extreme and q >= k. Every value better than t
+    lies in a block whose extreme is better than t; there are fewer than k such blocks, all
+    chosen; the k chosen extremes are k values at least as good as t. The k-th best value
+    of frag is at least t, so top_k(frag) is every value better than it plus copies of it,
+    all inside the chosen blocks: top_k(pool) = top_k(frag) as multisets (ties at t are
+    interchangeable in the sums).
+
+    Floor lemma. The buffer's k values are at least ``floor``, so top_k(held u frag) takes
+    no fragment value worse than floor, and a fragment value equal to floor only in place
+    of one of held's copies (the same multiset). Every fragment value better than floor
+    lies in a block whose extreme beats floor; a row has at most q such blocks and they
+    rank before every other block, so all are chosen. Where a row has more than k (q = k),
+    the block lemma gives top_k(frag) inside the pool instead, and top_k(held u frag) =
+    top_k(held u top_k(frag)) (the merge lemma of the module docstring).
+
+    Either way the pool yields the same multiset as the whole row, so the bounds are the
+    exact rule's: only the order of the buffered values, hence of their float64 sums,
+    differs from the plain path, and the allowance covers any order. (A NaN value would
+    make its row's batch sum, hence its bound, NaN whatever a selection keeps.)
+
+    Args:
+        frag: (rows, F) clamped values of one fragment (a view is fine).
+        k: the buffer size, 1 <= k.
+        largest: keep the k largest (else the k smallest).
+        held: (rows, k) the buffer, or None for the first fragment (then F >= k).
+        seen: values per row behind ``held``.
+
+    Returns:
+        A new (rows, m) tensor, m >= k, or None."""
+    if not BLOCK_PREFILTER:
+        return None
+    rows, width = frag.shape
+    bsize = _block_size(max(width, seen), k)
+    n_blocks = width // bsize
+    # a pool of more than a quarter of the blocks saves less than the block pass costs;
+    # later fragments are judged first by the hits a random order would give (k F / seen,
+    # with a margin for the most of any row), before any pass over the values
+    expected = k if held is None else min(k, 1.25 * k * width / max(seen, 1))
+    if bsize < 2 or n_blocks < 4 or expected * 4 > n_blocks:
+        return None
+    blocks = frag[:, :n_blocks * bsize].reshape(rows, n_blocks, bsize)
+    extremes = blocks.amax(-1) if largest else blocks.amin(-1)
+    if held is None:
+        q = k
+    else:
+        floor = held.amin(-1, keepdim=True) if largest else held.amax(-1, keepdim=True)
+        beats = extremes > floor if largest else extremes < floor
+        q = min(k, int(beats.sum(-1).max()))
+        if q * 4 > n_blocks:
+            return None
+    parts = [] if held is None else [held]
+    if q:
+        pick = extremes.topk(q, dim=-1, largest=largest, sorted=False).indices
+        parts.append(blocks.gather(1, pick.unsqueeze(-1).expand(rows, q, bsize))
+                     .reshape(rows, q * bsize))
+    if n_blocks * bsize < width:
+        parts.append(frag[:, n_blocks * bsize:])
+    return torch.cat(parts, dim=1)
+
+
 #: Row blocks of at least this many values are spread over torch's intra-op thread count:
 #: numpy's sort and partition release the GIL but use one thread each.
 PARALLEL_MIN_VALUES = 1 << 17
@@ -203,7 +305,7 @@ def _by_rows(fn, a: np.ndarray) -> None:
         return
     if _pool is None or _pool[:2] != (os.getpid(), workers):   # new after a fork, too
         _pool = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="agt-select"))
-    cuts = np.linspace(0, a.shape[0], workers + 1).astype(np.int64)
+    cuts = _spaced(a.shape[0], workers)
     list(_pool[2].map(lambda i: fn(a[cuts[i]:cuts[i + 1]]), range(workers)))
 
 
@@ -331,11 +433,18 @@ class DescentAccumulator:
                largest: bool) -> None:
         """buffer[start:stop] <- the k largest (smallest) of buffer[start:stop] and the
         fragment ws[:, k:] (merge lemma, module docstring)."""
-        if self.count == 0 and ws.shape[1] >= 2 * k:
-            kept = select(ws[:, k:], k, largest)      # first fragment: nothing buffered yet
+        frag = ws[:, k:]
+        if self.count == 0 and frag.shape[1] >= k:
+            pool = block_pool(frag, k, largest)       # first fragment: nothing buffered yet
+            kept = select(frag if pool is None else pool, k, largest)
         else:
-            ws[:, :k] = buffer[start:stop]
-            kept = select(ws, k, largest)
+            held = buffer[start:stop]
+            # a buffer still holding fill (fewer than k values seen) takes the plain path
+            pool = block_pool(frag, k, largest, held, self.count) if self.count >= k else None
+            if pool is None:
+                ws[:, :k] = held
+                pool = ws
+            kept = select(pool, k, largest)
         buffer[start:stop] = kept
 
     def samples_seen(self, n: int) -> None:

@@ -261,6 +261,156 @@ def test_select_and_kth_values_backends_agree():
                     topk_mod.NUMPY_ON_CPU = True
 
 
+# -- the block prefilter ----------------------------------------------------------------------
+
+def best_k(values: np.ndarray, k: int, largest: bool) -> np.ndarray:
+    """The k largest (smallest) values of every row, sorted: the multiset a pool must keep."""
+    srt = np.sort(values, axis=-1)
+    return (srt[:, ::-1][:, :k] if largest else srt[:, :k]).copy()
+
+
+def pool_cases(seed: int, n_cases: int):
+    """Random (frag, held, k) cases: continuous rows, rows of a few distinct values (ties at
+    the block extremes and at the floor), clamp-saturated rows, widths that leave a tail
+    shorter than a block, buffers of the k best earlier values and arbitrary ones."""
+    rng = np.random.default_rng(seed)
+    for case in range(n_cases):
+        rows = int(rng.integers(1, 9))
+        width = int(rng.integers(8, 700))
+        k = int(rng.integers(1, max(2, width // 8)))
+        kind = case % 3
+        if kind == 0:
+            frag = rng.normal(size=(rows, width))
+        elif kind == 1:
+            frag = rng.choice([-1.0, -0.5, 0.0, 0.25, 1.0], size=(rows, width))
+        else:
+            frag = np.clip(rng.normal(scale=2 * GAMMA, size=(rows, width)), -GAMMA, GAMMA)
+        earlier = rng.normal(size=(rows, k + int(rng.integers(0, 3 * k + 1))))
+        if kind == 1:
+            earlier = rng.choice([-1.0, -0.5, 0.0, 0.25, 1.0], size=earlier.shape)
+        yield frag, earlier, k, bool(case % 2)
+
+
+def test_block_pool_keeps_the_k_best_values():
+    """Property test of the block and floor lemmas (agt.topk.block_pool): the pool's k best
+    values are the k best of the fragment (first fragment) and of buffer + fragment (later
+    ones), as multisets, over random rows with and without ties; the prefilter must take
+    the block path in most cases, so the check is not vacuous."""
+    used = 0
+    for frag, earlier, k, largest in pool_cases(1, 400):
+        for dtype in (torch.float64, torch.float32):
+            f = torch.as_tensor(frag).to(dtype)
+            pool = topk_mod.block_pool(f, k, largest)
+            if pool is not None:
+                used += 1
+                assert pool.dtype == dtype and pool.shape[1] >= k
+                assert np.array_equal(best_k(pool.numpy(), k, largest),
+                                      best_k(f.numpy(), k, largest))
+            held = torch.as_tensor(best_k(earlier, k, largest)).to(dtype)
+            for buffer in (held, held.flip(0) if held.shape[0] > 1 else held):
+                pool = topk_mod.block_pool(f, k, largest, buffer.contiguous(), earlier.shape[1])
+                if pool is not None:
+                    used += 1
+                    both = torch.cat([buffer, f], dim=1).numpy()
+                    assert np.array_equal(best_k(pool.numpy(), k, largest),
+                                          best_k(both, k, largest))
+    assert used > 1000
+
+
+def test_block_pool_on_a_workspace_view():
+    """The fragment is a view into the merge workspace (rows strided by buffer + fragment)."""
+    rng = np.random.default_rng(2)
+    ws = torch.as_tensor(rng.normal(size=(5, 3 + 400)))
+    frag = ws[:, 3:]
+    pool = topk_mod.block_pool(frag, 3, True)
+    assert pool is not None
+    assert np.array_equal(best_k(pool.numpy(), 3, True), best_k(frag.numpy(), 3, True))
+    held = torch.as_tensor(best_k(rng.normal(size=(5, 50)), 3, True))
+    pool = topk_mod.block_pool(frag, 3, True, held, 50)
+    assert pool is not None
+    assert np.array_equal(best_k(pool.numpy(), 3, True),
+                          best_k(torch.cat([held, frag], dim=1).numpy(), 3, True))
+
+
+def test_block_pool_declines_where_blocks_would_not_shrink_the_row():
+    """Short rows, large k, or a floor that most blocks beat: None (the plain path)."""
+    rng = np.random.default_rng(3)
+    frag = torch.as_tensor(rng.normal(size=(4, 2000)))
+    assert topk_mod.block_pool(frag[:, :12], 2, True) is None        # fewer than 4 blocks
+    assert topk_mod.block_pool(frag, 1000, True) is None              # k close to the row
+    low_floor = torch.full((4, 100), -5.0)          # every block beats it: 100 of 250 blocks
+    assert topk_mod.block_pool(frag, 100, True, low_floor, 20000) is None
+    high_floor = torch.full((4, 100), 5.0)          # no block beats it: the buffer alone
+    pool = topk_mod.block_pool(frag, 100, True, high_floor, 20000)
+    assert pool is not None and torch.equal(pool, high_floor)
+    assert topk_mod.block_pool(frag, 300, True, low_floor[:, :1].expand(4, 300), 2000) is None
+    monkey = topk_mod.BLOCK_PREFILTER
+    topk_mod.BLOCK_PREFILTER = False
+    try:
+        assert topk_mod.block_pool(frag, 10, True) is None
+    finally:
+        topk_mod.BLOCK_PREFILTER = monkey
+
+
+@pytest.mark.parametrize("kind", ["continuous", "ties"])
+def test_accumulator_with_and_without_the_prefilter(backend, monkeypatch, kind):
+    """The accumulator with the prefilter (first and later fragments both through blocks)
+    keeps exactly the multisets of the naive sort, and its bounds equal those of the plain
+    path within the allowance."""
+    calls = {"first": 0, "later": 0}
+    real = topk_mod.block_pool
+
+    def counting(frag, k, largest, held=None, seen=0):
+        pool = real(frag, k, largest, held, seen)
+        if pool is not None:
+            calls["first" if held is None else "later"] += 1
+        return pool
+
+    monkeypatch.setattr(topk_mod, "block_pool", counting)
+    rng = np.random.default_rng(31)
+    b, P, ks = 1200, 6, [0, 1, 4, 12, 150]
+    lo, hi = sample_bounds(rng, len(ks), P, b, kind)
+    fm = FloatModel(torch.float64)
+    acc = stream(DescentAccumulator(len(ks), P, ks, GAMMA, torch.device("cpu")), lo, hi, 300,
+                 row_chunk=4)
+    assert calls["first"] > 0 and calls["later"] > 0
+    for g, k in enumerate(ks):
+        if k:
+            check_buffers(acc, lo, hi, g, k)
+    with_blocks = acc.bounds(torch.tensor(ks), fm)
+    check_against_naive(with_blocks, lo, hi, ks, list(range(len(ks))), fm)
+    monkeypatch.setattr(topk_mod, "BLOCK_PREFILTER", False)
+    plain = stream(DescentAccumulator(len(ks), P, ks, GAMMA, torch.device("cpu")), lo, hi, 300,
+                   row_chunk=4).bounds(torch.tensor(ks), fm)
+    torch.testing.assert_close(with_blocks.lo, plain.lo, rtol=0, atol=1e-15)
+    torch.testing.assert_close(with_blocks.hi, plain.hi, rtol=0, atol=1e-15)
+
+
+def test_a_pool_missing_one_value_is_caught(monkeypatch):
+    """A prefilter that loses one value of its pool (a block too few, a tail dropped) keeps
+    the wrong multisets: the buffer and bound checks reject it."""
+    real = topk_mod.block_pool
+
+    def lossy(frag, k, largest, held=None, seen=0):
+        pool = real(frag, k, largest, held, seen)
+        if pool is None:
+            return None
+        srt = pool.sort(dim=-1, descending=largest).values
+        return torch.cat([srt[:, 1:], srt[:, -1:]], dim=1)    # the best value replaced
+
+    monkeypatch.setattr(topk_mod, "block_pool", lossy)
+    rng = np.random.default_rng(32)
+    b, P, ks = 1200, 6, [4, 12]
+    lo, hi = sample_bounds(rng, len(ks), P, b, "continuous")
+    lo, hi = lo * 0.5, hi * 0.5               # inside the clamp: no ties at +-gamma
+    acc = stream(DescentAccumulator(len(ks), P, ks, GAMMA, torch.device("cpu")), lo, hi, 300)
+    fm = FloatModel(torch.float64)
+    with pytest.raises(AssertionError):
+        check_buffers(acc, lo, hi, 0, ks[0])
+    with pytest.raises(AssertionError, match="unsound"):
+        check_against_naive(acc.bounds(torch.tensor(ks), fm), lo, hi, ks, [0, 1], fm)
+
+
 # -- deliberately wrong variants must be caught ---------------------------------------------
 
 def variational_lower(lo, k, rank):
