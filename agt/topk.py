@@ -222,31 +222,41 @@ def block_pool(frag: torch.Tensor, k: int, largest: bool,
 
     ``frag`` (rows, F) is cut into blocks of B consecutive values (a shorter tail stays whole
     in the pool); a block's extreme is its largest (smallest) value. Without ``held`` (the
-    first fragment), the pool is the k blocks of the best extremes: by the block lemma below
-    it holds top_k(frag). With ``held`` (rows, k), the buffer of the k best of the ``seen``
-    values before, the pool is ``held`` with the q blocks of the best extremes, where q is
-    the most blocks of one row whose extreme beats the buffer's worst value ``floor``
-    strictly (q at most k).
+    first fragment), the pool is the k blocks of the best extremes and the tail. With
+    ``held`` (rows, k), any k values per row (the buffer; ``seen`` values lie behind it),
+    the pool is ``held``, the q blocks of the best extremes and the tail, where q is the most
+    blocks of one row whose extreme beats held's worst value ``floor`` strictly, at most k.
+    Below "better" is "larger" (largest) or "smaller"; values are totally ordered (NaN
+    aside, see the end). Every pool is a sub-multiset of its input, so it suffices that it
+    holds every value better than the input's k-th best value v and at least k values at
+    least as good as v: then its k best values are the input's, as multisets.
 
-    Block lemma. Let t be the k-th best block extreme and q >= k. Every value better than t
-    lies in a block whose extreme is better than t; there are fewer than k such blocks, all
-    chosen; the k chosen extremes are k values at least as good as t. The k-th best value
-    of frag is at least t, so top_k(frag) is every value better than it plus copies of it,
-    all inside the chosen blocks: top_k(pool) = top_k(frag) as multisets (ties at t are
-    interchangeable in the sums).
+    Block lemma (k blocks chosen). Let t be the k-th best block extreme. The k chosen
+    extremes are k values at least as good as t, so v is at least as good as t. A value
+    better than t lies in the tail or in a block whose extreme is better than t; fewer than
+    k blocks have one, and the top-k of the extremes chooses all of them. So the pool holds
+    every value better than v (if v is better than t, every copy of v too), and at least k
+    values at least as good as v (the k chosen extremes where v = t; otherwise the values
+    better than t, of which there are at least k): top_k(pool) = top_k(blocks and tail).
 
-    Floor lemma. The buffer's k values are at least ``floor``, so top_k(held u frag) takes
-    no fragment value worse than floor, and a fragment value equal to floor only in place
-    of one of held's copies (the same multiset). Every fragment value better than floor
-    lies in a block whose extreme beats floor; a row has at most q such blocks and they
-    rank before every other block, so all are chosen. Where a row has more than k (q = k),
-    the block lemma gives top_k(frag) inside the pool instead, and top_k(held u frag) =
-    top_k(held u top_k(frag)) (the merge lemma of the module docstring).
+    Floor lemma (later fragments). Every value of held is at least as good as floor, so v,
+    the k-th best of held and frag, is at least as good as floor. A fragment value better
+    than floor lies in the tail or in a block whose extreme beats floor; a row with at most q
+    such blocks has all of them chosen (they rank before every block that does not beat
+    floor, whatever the tie-break), so the pool holds held and every fragment value better
+    than floor. If v is better than floor, that is every value at least as good as v (at
+    least k of them); if v = floor, every value better than v and held's k values. A
+    row with more than k such blocks (q = k) has the k best blocks chosen, and by the block
+    lemma and the merge lemma of the module docstring, used twice, top_k(held u frag) =
+    top_k(held u top_k(frag)) = top_k(held u chosen blocks u tail).
 
-    Either way the pool yields the same multiset as the whole row, so the bounds are the
-    exact rule's: only the order of the buffered values, hence of their float64 sums,
-    differs from the plain path, and the allowance covers any order. (A NaN value would
-    make its row's batch sum, hence its bound, NaN whatever a selection keeps.)
+    So the buffers are the exact rule's: only the order of the buffered values, hence of
+    their float64 sums, differs from the plain path, and the allowance covers any order.
+    A NaN value breaks the total order: a block holding one ranks first by ``topk`` and
+    never beats a floor, so the buffers can differ from the plain path's; the bounds do not,
+    since the NaN makes its row's batch sum, hence both paths' bounds, NaN. (The buffers
+    read directly, by `order_statistics`, hold nominal values, which training checks
+    finite.)
 
     Args:
         frag: (rows, F) clamped values of one fragment (a view is fine).
