@@ -201,9 +201,10 @@ def select(ws: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
     return ws[..., n - k:] if largest else ws[..., :k]
 
 
-#: Blocks of the prefilter (`block_pool`): at most this many values each; False turns the
-#: prefilter off (the tests compare both ways).
+#: The block prefilter of the merges (`block_pool`); False: the plain path everywhere (the
+#: tests compare both ways).
 BLOCK_PREFILTER = True
+#: The most values in one block of the prefilter.
 MAX_BLOCK = 32
 
 
