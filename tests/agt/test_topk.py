@@ -332,7 +332,7 @@ def test_block_pool_on_a_workspace_view():
                           best_k(torch.cat([held, frag], dim=1).numpy(), 3, True))
 
 
-def test_block_pool_declines_where_blocks_would_not_shrink_the_row():
+def test_block_pool_declines_where_blocks_would_not_shrink_the_row(monkeypatch):
     """Short rows, large k, or a floor that most blocks beat: None (the plain path)."""
     rng = np.random.default_rng(3)
     frag = torch.as_tensor(rng.normal(size=(4, 2000)))
@@ -344,12 +344,8 @@ def test_block_pool_declines_where_blocks_would_not_shrink_the_row():
     pool = topk_mod.block_pool(frag, 100, True, high_floor, 20000)
     assert pool is not None and torch.equal(pool, high_floor)
     assert topk_mod.block_pool(frag, 300, True, low_floor[:, :1].expand(4, 300), 2000) is None
-    monkey = topk_mod.BLOCK_PREFILTER
-    topk_mod.BLOCK_PREFILTER = False
-    try:
-        assert topk_mod.block_pool(frag, 10, True) is None
-    finally:
-        topk_mod.BLOCK_PREFILTER = monkey
+    monkeypatch.setattr(topk_mod, "BLOCK_PREFILTER", False)
+    assert topk_mod.block_pool(frag, 10, True) is None
 
 
 @pytest.mark.parametrize("kind", ["continuous", "ties"])
