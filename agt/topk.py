@@ -54,6 +54,13 @@ allowance of the worst batch size within distance k (`nesting_allowance`). The p
   its docstring), so this is the exact rule; it cuts the values selected per row from
   k + F to about k + k B on the IMDB-like benchmark's k = 10 and 100.
 
+* Compiled merge (`agt.topk_kernel`, with numba; the CPU default where it imports). One
+  pass per row clamps each value, adds it to the float64 batch sum and offers it to the
+  buffer only if it beats the buffer's worst value; a selection runs only when the
+  candidates fill their room. The same multisets (its module docstring), about k (1 +
+  ln(n / k)) values selected per row and step instead of every value, and no workspace.
+  Without numba, or off the CPU, the path above.
+
 Ideas of the issue not kept (benchmarks/bench_imdb.py, bench_heatmap.py): thresholds from the
 nominal order statistics (the variational form is equal to exact only at a threshold between
 the k-th and (k+1)-th largest *bound*, which nominal thresholds rarely hit, and no nesting
@@ -201,6 +208,12 @@ def select(ws: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
     return ws[..., n - k:] if largest else ws[..., :k]
 
 
+#: CPU merges through the compiled single-pass kernel (agt.topk_kernel) where numba is
+#: importable; False: the plain path (workspace, clamp, blocked sum, selection). Both keep
+#: the same multisets; the tests run the accumulator under each.
+FUSED_ON_CPU = True
+_FUSED_DTYPES = (torch.float32, torch.float64)
+
 #: The block prefilter of the merges (`block_pool`); False: the plain path everywhere (the
 #: tests compare both ways).
 BLOCK_PREFILTER = True
@@ -305,19 +318,26 @@ PARALLEL_MIN_VALUES = 1 << 17
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None   # (pid, workers, executor)
 
 
+def _by_row_ranges(fn, n_rows: int, n_values: int) -> None:
+    """Call ``fn(r0, r1)`` on disjoint row ranges covering [0, n_rows), on
+    ``torch.get_num_threads()`` threads when the rows hold at least PARALLEL_MIN_VALUES
+    values in all (``fn`` must release the GIL to gain anything, and touch only its rows)."""
+    global _pool
+    workers = min(torch.get_num_threads(), n_rows)
+    if workers <= 1 or n_values < PARALLEL_MIN_VALUES:
+        fn(0, n_rows)
+        return
+    if _pool is None or _pool[:2] != (os.getpid(), workers):   # new after a fork, too
+        _pool = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="agt-select"))
+    cuts = _spaced(n_rows, workers)
+    list(_pool[2].map(lambda i: fn(int(cuts[i]), int(cuts[i + 1])), range(workers)))
+
+
 def _by_rows(fn, a: np.ndarray) -> None:
     """Apply ``fn``, an in-place operation along the last axis, to ``a`` in blocks of its
     first axis on ``torch.get_num_threads()`` threads (disjoint blocks: no two threads touch
     one value)."""
-    global _pool
-    workers = min(torch.get_num_threads(), a.shape[0])
-    if workers <= 1 or a.size < PARALLEL_MIN_VALUES:
-        fn(a)
-        return
-    if _pool is None or _pool[:2] != (os.getpid(), workers):   # new after a fork, too
-        _pool = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="agt-select"))
-    cuts = _spaced(a.shape[0], workers)
-    list(_pool[2].map(lambda i: fn(a[cuts[i]:cuts[i + 1]]), range(workers)))
+    _by_row_ranges(lambda r0, r1: fn(a[r0:r1]), a.shape[0], a.size)
 
 
 def kth_values(buffer: torch.Tensor, ks: Sequence[int], largest: bool) -> list[torch.Tensor]:
@@ -408,6 +428,10 @@ class DescentAccumulator:
             for values, sums, buffers, largest in (
                     (grads.lo[src], self.sum_lo, self.top_lo, True),
                     (grads.hi[src], self.sum_hi, self.low_hi, False)):
+                if k and self._fused(values):
+                    self._merge_fused(values, sums[g, start:stop], buffers[g][start:stop],
+                                      largest)
+                    continue
                 # workspace [buffer | fragment]: the clamp writes the fragment in place, the sum
                 # reads it there, the merge selects over the whole row
                 ws = self._workspace(values.shape[0], k + values.shape[1], values.device)
@@ -416,6 +440,27 @@ class DescentAccumulator:
                 sums[g, start:stop] += blocked_sum(frag)
                 if k:
                     self._merge(ws, buffers[g], start, stop, k, largest)
+
+    @staticmethod
+    def _fused(values: torch.Tensor) -> bool:
+        """Whether the compiled single-pass kernel (agt.topk_kernel) takes this merge."""
+        if not (FUSED_ON_CPU and _numpy_ok(values) and values.dtype in _FUSED_DTYPES):
+            return False
+        from agt import topk_kernel  # numba loads on the first CPU merge, not on import
+        return topk_kernel.available()
+
+    def _merge_fused(self, values: torch.Tensor, sums: torch.Tensor, buffer: torch.Tensor,
+                     largest: bool) -> None:
+        """Clamp, batch sum and merge of one fragment in one pass per row (agt.topk_kernel:
+        the same multisets as `_merge`, float64 sums in a fixed order), rows spread over
+        torch's thread count."""
+        from agt import topk_kernel
+        vals = np.ascontiguousarray(values.numpy())
+        buf = buffer.numpy()
+        out = sums.numpy()
+        _by_row_ranges(lambda r0, r1: topk_kernel.merge_fragment(
+            vals[r0:r1], buf[r0:r1], out[r0:r1], self.gamma, largest),
+            vals.shape[0], vals.size)
 
     def _add_first_short(self, start: int, stop: int, grads: Interval) -> None:
         """`add` for the first fragment of short rows (f <= SORT_ROWS_UP_TO values, at least

@@ -1,0 +1,334 @@
+"""A compiled CPU kernel of the exact rule's merge: clamp, batch sum and streaming top-k of
+one fragment in a single pass over its values (numba, no C sources in the repository).
+
+The plain CPU path (agt/topk.py) clamps a fragment into a workspace, sums it, and runs an
+introselect over ``buffer | fragment`` for every row: every value is selected, at whatever
+a machine's selection costs per value (5-8 ns on some x86 machines without a SIMD sort).
+This kernel reads each value once: it clamps it, adds it to the row's float64 sum and
+compares it with the buffer's worst value (the floor). Only a value better than the floor
+is appended to a candidate area; when that area fills, a selection keeps the k best of
+buffer and candidates and raises the floor. In a random order the floor passes the k-th
+best of the values seen so early that about k (1 + ln(n / k)) of a row's n values are
+ever appended, so for k much smaller than n almost all the work is the one pass.
+
+Exactness (the same multisets as the plain path). Every value is either appended or not
+better than the floor at its arrival. The floor is always the worst of k values of the
+input (the buffer's, or after a selection the k kept ones), so a value not appended has
+at least k input values at least as good as itself: dropping it does not change the
+multiset of the k best (the floor lemma of `agt.topk.block_pool`, with ties
+interchangeable in a sum). A selection keeps the k best of buffer and candidates (the merge
+lemma of agt/topk.py). Hence the buffer ends with the k best of ``buffer | fragment``, as
+multisets, and the bounds are the exact rule's. The selection below moves values and
+writes back copies of the pivot for the values equal to it: equal values are the same
+number, so the multiset's sums do not change (+0.0 and -0.0 compare equal and add the same
+to any non-zero sum; a sum of only zeros is zero either way).
+
+The batch sum is a float64 sum of the clamped values: each block of SCAN values is summed in
+an order the compiler picks (reassociated to vectorise it, fixed in the compiled kernel,
+so every call adds alike), the block sums in row order. Any order is inside the allowance
+of `agt.topk.rounding_allowance`, like the plain path's blocked sums; the compiler's
+licence is reassociation only, so NaN and infinities keep their IEEE meaning.
+The smallest values are selected as the largest of the negated values: negation is exact
+and commutes with rounding and with the symmetric clamp, so the sum and the buffer are
+negated back exactly. NaN: never appended (it beats no floor), but it enters the row's sum,
+so the row's bounds are NaN on either path, as with the prefilter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import numba
+except ImportError:            # pragma: no cover - numba is optional (the `fast` extra);
+    numba = None               # without it agt/topk.py keeps its plain path
+
+#: Ranges of at least SAMPLE_FROM values take two pivots from a sorted sample of SAMPLE values
+#: (SAMPLE_LARGE from LARGE_FROM values on), BAND (BAND_LARGE) sample ranks either side of the
+#: rank of the k-th largest: about one standard deviation of that rank (a miss costs a
+#: round over the side that holds it, a wider band a longer next round).
+SAMPLE = 15
+SAMPLE_FROM = 128
+SAMPLE_LARGE = 31
+LARGE_FROM = 1024
+BAND = 2
+BAND_LARGE = 3
+#: Values per block of the scan: one vector loop clamps, sums and tests a block against the
+#: floor; only a block with a candidate is read again value by value.
+SCAN = 64
+#: Candidate room per row beyond the buffer's k values: a selection runs whenever it fills.
+MIN_ROOM = 64
+
+
+def available() -> bool:
+    """Whether the compiled kernel can run here (numba importable)."""
+    return numba is not None
+
+
+def candidate_room(k: int) -> int:
+    """Candidates appended between two selections: at least MIN_ROOM, and k (a selection of
+    2k values then halves the area; a larger room keeps a stale floor longer)."""
+    return max(MIN_ROOM, k)
+
+
+if numba is not None:
+    _jit = numba.njit(nogil=True, cache=True)
+
+    @_jit
+    def _xorshift(state):
+        state ^= state << np.uint32(13)
+        state ^= state >> np.uint32(17)
+        return state ^ (state << np.uint32(5))
+
+    @_jit
+    def _median3(a, b, c):
+        if a > b:
+            if b > c:
+                return b
+            return c if a > c else a
+        if a > c:
+            return a
+        return c if b > c else b
+
+    @_jit
+    def _sorted_sample(w, lo, m, out, size, state):   # pragma: no cover - compiled
+        """out[:size] <- values of w[lo:lo + m] at xorshift positions, largest first."""
+        for t in range(size):
+            state = _xorshift(state)
+            x = w[lo + np.int64(state % np.uint32(m))]
+            j = t - 1
+            while j >= 0 and out[j] < x:
+                out[j + 1] = out[j]
+                j -= 1
+            out[j + 1] = x
+        return state
+
+    @_jit
+    def select_largest(w, band, rest, n, k):   # pragma: no cover - compiled
+        """Reorder w[:n] so that w[:k] holds its k largest values (a multiset; values equal
+        to a pivot may come back as copies of it), 0 < k <= n; w[k:n + 1] is left as
+        scratch. w needs one spare slot (n + 1 values: the branch-free compaction writes
+        one value past the range it fills); ``band`` and ``rest`` are scratch of n values.
+
+        Invariant: w[:lo] holds values of the k largest, w[lo:hi] the values still in
+        question, of which the ``need`` largest complete them. Each round is one
+        branch-free pass over w[lo:hi] (every value is written to each output, and only the
+        output it belongs to advances; the values above the upper pivot move forward in
+        place, each written at or before its own position).
+
+        * Band round (long ranges): two pivots from a sorted sample, a few sample ranks
+          either side of the rank of the need-th largest: the values above the upper pivot
+          are in, those below the lower are out, the band between goes on; where the
+          need-th largest falls outside the band (a sampling miss) the search goes on in
+          the side that holds it.
+        * Three-way round (short ranges, or a band round that split nothing): one pivot,
+          a median of three; values equal to it are counted and, where the need-th largest
+          is among them, written as copies of it.
+
+        Positions come from a xorshift generator seeded by n: deterministic."""
+        if w.shape[0] <= n or band.shape[0] < n or rest.shape[0] < n or not 0 < k <= n:
+            raise ValueError("select_largest: needs 0 < k <= n, n + 1 slots in w, n in the "
+                             "scratch arrays")
+        lo = 0
+        hi = n
+        need = k
+        state = np.uint32((n * 2654435761) & 0xFFFFFFFF) | np.uint32(1)
+        rounds = 0
+        stuck = False
+        while 0 < need < hi - lo:
+            m = hi - lo
+            rounds += 1
+            if m <= 16 or rounds > 64:
+                # short ranges (and, never seen, a run of bad pivots): insertion sort,
+                # largest first, in place (an allocation costs more than 16 values' sort)
+                for i in range(lo + 1, hi):
+                    x = w[i]
+                    j = i - 1
+                    while j >= lo and w[j] < x:
+                        w[j + 1] = w[j]
+                        j -= 1
+                    w[j + 1] = x
+                return
+            if m >= SAMPLE_FROM and not stuck:
+                size = SAMPLE_LARGE if m >= LARGE_FROM else SAMPLE
+                width = BAND_LARGE if m >= LARGE_FROM else BAND
+                state = _sorted_sample(w, lo, m, band, size, state)
+                t = (need * (size + 1)) // m - 1           # sample rank of the need-th
+                upper = band[t - width] if t - width >= 0 else np.inf
+                lower = band[t + width] if t + width < size else -np.inf
+                n_in = 0
+                n_band = 0
+                n_out = 0
+                for i in range(lo, hi):
+                    x = w[i]
+                    is_in = x > upper
+                    is_out = x < lower
+                    w[lo + n_in] = x
+                    band[n_band] = x
+                    rest[n_out] = x
+                    n_in += is_in
+                    n_out += is_out
+                    n_band += 1 - is_in - is_out
+                if n_in == 0 and n_out == 0:
+                    # the band is the whole range (the pass wrote over w[lo]): put it back,
+                    # and split it with a three-way round
+                    for i in range(m):
+                        w[lo + i] = band[i]
+                    stuck = True
+                    continue
+                stuck = False
+                if need <= n_in:
+                    hi = lo + n_in
+                    continue
+                lo += n_in
+                need -= n_in
+                for i in range(n_band):
+                    w[lo + i] = band[i]
+                if need <= n_band:
+                    hi = lo + n_band
+                    continue
+                lo += n_band
+                need -= n_band
+                for i in range(n_out):
+                    w[lo + i] = rest[i]
+                hi = lo + n_out
+                continue
+            stuck = False
+            state = _xorshift(state)
+            a = w[lo + np.int64(state % np.uint32(m))]
+            state = _xorshift(state)
+            b = w[lo + np.int64(state % np.uint32(m))]
+            state = _xorshift(state)
+            p = _median3(a, b, w[lo + np.int64(state % np.uint32(m))])
+            n_better = 0
+            n_rest = 0
+            n_worse = 0
+            for i in range(lo, hi):
+                x = w[i]
+                is_better = x > p
+                w[lo + n_better] = x
+                rest[n_rest] = x
+                n_better += is_better
+                n_rest += 1 - is_better
+                n_worse += x < p
+            if need <= n_better:
+                hi = lo + n_better
+                continue
+            lo += n_better
+            need -= n_better
+            n_equal = n_rest - n_worse
+            fill = min(need, n_equal)
+            for i in range(lo, lo + fill):
+                w[i] = p
+            if need <= n_equal:
+                return
+            lo += n_equal
+            need -= n_equal
+            d = 0
+            for i in range(n_rest):
+                x = rest[i]
+                w[lo + d] = x
+                d += x < p
+            hi = lo + d
+
+    # merge_rows' sums may be reassociated (vectorised): any order is inside the allowance,
+    # and the order a compiled kernel picks is the same on every call; no other flag (NaN
+    # and infinities keep their IEEE meaning)
+    _scan_jit = numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
+
+    @_jit
+    def _offer(w, better, rest, row, j0, j1, limit, negate, floor, m, k, room):   # pragma: no cover
+        """Append the values of row[j0:j1], clamped to [-limit, limit] (and negated where
+        ``negate``), that beat the floor to the candidates w[k:m], selecting whenever the
+        room is full. Returns (m, floor)."""
+        for j in range(j0, j1):
+            v = row[j]
+            v = limit if v > limit else v
+            v = -limit if v < -limit else v
+            x = -v if negate else v
+            if x > floor:
+                w[m] = x
+                m += 1
+                if m == k + room:
+                    select_largest(w, better, rest, m, k)
+                    m = k
+                    floor = w[0]
+                    for i in range(1, k):
+                        floor = w[i] if w[i] < floor else floor
+        return m, floor
+
+    @_scan_jit
+    def merge_rows(vals, buf, sums, limit, negate, room):   # pragma: no cover - compiled
+        """For every row r: clamp vals[r] to [-limit, limit], add its float64 sum to sums[r]
+        and replace buf[r] by the k best of buf[r] and the clamped vals[r] (best: largest
+        of -value where ``negate``; buf holds values, not negated ones). Negation, not a
+        product with -1: a product with a subnormal operand takes a slow microcode path on
+        x86, and the per-sample bounds of the IMDB-like benchmark are half subnormal.
+
+        The row is read in blocks of SCAN values: a vectorised loop clamps them, sums them
+        and tells whether one beats the floor; only such a block (and the tail) is read
+        again, value by value, to append its candidates."""
+        rows, f = vals.shape
+        k = buf.shape[1]
+        w = np.empty(k + room + 1, dtype=vals.dtype)     # + 1: select_largest's spare slot
+        better = np.empty(k + room, dtype=vals.dtype)
+        rest = np.empty(k + room, dtype=vals.dtype)
+        main = f - f % SCAN
+        for r in range(rows):
+            row = vals[r]
+            floor = -buf[r, 0] if negate else buf[r, 0]
+            for j in range(k):
+                x = -buf[r, j] if negate else buf[r, j]
+                w[j] = x
+                floor = x if x < floor else floor
+            m = k
+            total = 0.0
+            # (the block loop runs to main, the tail apart: a loop to f with a test for the
+            # tail inside measured 5x slower, no longer vectorised)
+            for j0 in range(0, main, SCAN):
+                part = 0.0
+                hit = False
+                if negate:
+                    ceiling = -floor
+                    for j in range(j0, j0 + SCAN):
+                        v = row[j]
+                        v = limit if v > limit else v
+                        v = -limit if v < -limit else v
+                        part += v
+                        hit |= v < ceiling
+                else:
+                    for j in range(j0, j0 + SCAN):
+                        v = row[j]
+                        v = limit if v > limit else v
+                        v = -limit if v < -limit else v
+                        part += v
+                        hit |= v > floor
+                total += part
+                if hit:
+                    m, floor = _offer(w, better, rest, row, j0, j0 + SCAN, limit, negate,
+                                      floor, m, k, room)
+            for j in range(main, f):
+                v = row[j]
+                v = limit if v > limit else v
+                v = -limit if v < -limit else v
+                total += v
+            m, floor = _offer(w, better, rest, row, main, f, limit, negate, floor, m, k, room)
+            if m > k:
+                select_largest(w, better, rest, m, k)
+            for j in range(k):
+                buf[r, j] = -w[j] if negate else w[j]
+            sums[r] += total
+
+
+def merge_fragment(values: np.ndarray, buffer: np.ndarray, sums: np.ndarray, gamma: float,
+                   largest: bool) -> None:
+    """Clamp ``values`` (rows, F) to [-gamma, gamma] (gamma rounded to their dtype, as torch
+    rounds a clamp limit), add each row's float64 sum to ``sums`` (rows,) and merge the row
+    into ``buffer`` (rows, k), in place: afterwards each buffer row holds the k largest
+    (smallest) of its old values and the clamped fragment row, as a multiset (module
+    docstring). All three arrays C-contiguous, values and buffer of one float dtype."""
+    if not (values.flags.c_contiguous and buffer.flags.c_contiguous and sums.flags.c_contiguous):
+        raise ValueError("internal: merge_fragment needs C-contiguous arrays")
+    k = buffer.shape[1]
+    limit = values.dtype.type(gamma)
+    merge_rows(values, buffer, sums, limit, not largest, candidate_room(k))
