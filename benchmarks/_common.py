@@ -8,6 +8,7 @@ before/after comparison). The benchmark's own code is the same in both; only ``a
 from __future__ import annotations
 
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -58,10 +59,39 @@ def run_child(script: str, fn: str, kwargs: dict, tree: Path) -> dict:
             f"sys.path.insert(0, {str(tree)!r}); "
             f"mod = runpy.run_path({str(Path(script).resolve())!r}); "
             f"print(json.dumps(mod[{fn!r}](**{kwargs!r})))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree,
+                         env=child_environment())
     if out.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({tree}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def child_environment() -> dict[str, str]:
+    """The environment of a measurement: this one with the variables the ``agt`` command
+    sets before torch loads (passive OpenMP waits: spinning OpenMP threads took the cores
+    from the selection threads and made an IMDB-like exact run 1.3x slower); a variable the
+    user set wins."""
+    from agt.threads import apply_recommended_environment
+
+    env = dict(os.environ)
+    apply_recommended_environment(env)
+    return env
+
+
+def warm_tree(tree: Path) -> None:
+    """Compile (and cache in ``tree``) the numba kernels of the exact rule once, so that no
+    measurement pays the compilation; a tree without them, or without numba, is left alone."""
+    code = ("import numpy as np\n"
+            "try:\n"
+            "    from agt import topk_kernel\n"
+            "except ImportError:\n"
+            "    raise SystemExit(0)\n"
+            "if topk_kernel.available():\n"
+            "    for dt in (np.float32, np.float64):\n"
+            "        for largest in (True, False):\n"
+            "            topk_kernel.merge_fragment(np.zeros((2, 200), dt), np.zeros((2, 3), dt),\n"
+            "                                       np.zeros(2), 1.0, largest)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tree, env=child_environment())
 
 
 def check_tree(tree: Path) -> None:
@@ -81,6 +111,7 @@ def variant_trees(variants: list[str], baseline: str) -> dict[str, Path]:
         trees["old"] = source_tree(baseline)
     for tree in trees.values():
         check_tree(tree)
+        warm_tree(tree)
     return trees
 
 
