@@ -428,9 +428,9 @@ class DescentAccumulator:
             for values, sums, buffers, largest in (
                     (grads.lo[src], self.sum_lo, self.top_lo, True),
                     (grads.hi[src], self.sum_hi, self.low_hi, False)):
-                if k and self._fused(values):
-                    self._merge_fused(values, sums[g, start:stop], buffers[g][start:stop],
-                                      largest)
+                if self._fused(values):
+                    self._merge_fused(values, sums[g, start:stop],
+                                      buffers[g][start:stop] if k else None, largest)
                     continue
                 # workspace [buffer | fragment]: the clamp writes the fragment in place, the sum
                 # reads it there, the merge selects over the whole row
@@ -449,18 +449,18 @@ class DescentAccumulator:
         from agt import topk_kernel  # numba loads on the first CPU merge, not on import
         return topk_kernel.available()
 
-    def _merge_fused(self, values: torch.Tensor, sums: torch.Tensor, buffer: torch.Tensor,
-                     largest: bool) -> None:
+    def _merge_fused(self, values: torch.Tensor, sums: torch.Tensor,
+                     buffer: torch.Tensor | None, largest: bool) -> None:
         """Clamp, batch sum and merge of one fragment in one pass per row (agt.topk_kernel:
-        the same multisets as `_merge`, float64 sums in a fixed order), rows spread over
-        torch's thread count."""
+        the same multisets as `_merge`, float64 sums in a fixed order; a box of k = 0, no
+        buffer: the sums only), rows spread over torch's thread count."""
         from agt import topk_kernel
         vals = np.ascontiguousarray(values.numpy())
-        buf = buffer.numpy()
+        buf = None if buffer is None else buffer.numpy()
         out = sums.numpy()
         _by_row_ranges(lambda r0, r1: topk_kernel.merge_fragment(
-            vals[r0:r1], buf[r0:r1], out[r0:r1], self.gamma, largest),
-            vals.shape[0], vals.size)
+            vals[r0:r1], None if buf is None else buf[r0:r1], out[r0:r1], self.gamma,
+            largest), vals.shape[0], vals.size)
 
     def _add_first_short(self, start: int, stop: int, grads: Interval) -> None:
         """`add` for the first fragment of short rows (f <= SORT_ROWS_UP_TO values, at least

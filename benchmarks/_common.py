@@ -52,15 +52,17 @@ def source_tree(rev: str | None) -> Path:
     return out
 
 
-def run_child(script: str, fn: str, kwargs: dict, tree: Path) -> dict:
+def run_child(script: str, fn: str, kwargs: dict, tree: Path, agt_environment: bool = True
+              ) -> dict:
     """Run ``fn(**kwargs)`` of benchmark ``script`` in a fresh interpreter that imports agt
-    from ``tree``; returns its JSON result."""
+    from ``tree``, in the environment the ``agt`` command sets (`child_environment`), or
+    with ``agt_environment=False`` in this one unchanged; returns its JSON result."""
     code = ("import json, runpy, sys; "
             f"sys.path.insert(0, {str(tree)!r}); "
             f"mod = runpy.run_path({str(Path(script).resolve())!r}); "
             f"print(json.dumps(mod[{fn!r}](**{kwargs!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree,
-                         env=child_environment())
+                         env=child_environment() if agt_environment else None)
     if out.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({tree}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

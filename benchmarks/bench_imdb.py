@@ -8,12 +8,16 @@ fragment 2000, float32 nominal, k = {0, 10, 100, 1000}. Data: two Gaussian class
 
 Variants: nominal training only; the exact rule of this checkout ("exact") and of the
 baseline revision ("exact-old", exported with git archive); the threshold rule of both.
+Children run in the environment the ``agt`` command sets (passive OpenMP waits); a variant
+ending in "@inherited" ("nominal@inherited", "exact@inherited") runs in this shell's
+environment unchanged, and is compared with the nominal run of its own environment.
 Every measurement runs in a fresh subprocess (peak RSS is its own); repeats are interleaved
 so that a burst of load on a shared machine hits every variant alike. Reported: min wall
 time (+ spread = max - min) and min CPU time; ratios use the minima of this one run.
 
     python benchmarks/bench_imdb.py [--batches 10000,20000] [--repeats 3]
-        [--variants nominal,exact,exact-old,threshold,threshold-old] [--baseline REV]
+        [--variants nominal,exact,exact-old,threshold,threshold-old,...@inherited]
+        [--baseline REV]
 """
 
 from __future__ import annotations
@@ -77,12 +81,14 @@ def main() -> None:
         runs: dict[str, list[dict]] = {v: [] for v in variants}
         for _ in range(args.repeats):
             for v in variants:
-                rule, _, age = v.partition("-")
+                name, _, env = v.partition("@")
+                rule, _, age = name.partition("-")
                 tree = trees["old" if age == "old" else "new"]
                 kw = dict(n=n, k_values="0" if rule == "nominal" else K_VALUES,
                           bounds=rule != "nominal",
                           selection="exact" if rule == "nominal" else rule, threads=args.threads)
-                runs[v].append(run_child(__file__, "measure", kw, tree))
+                runs[v].append(run_child(__file__, "measure", kw, tree,
+                                         agt_environment=env != "inherited"))
         report(n, runs)
 
 
@@ -90,14 +96,17 @@ def report(n: int, runs: dict[str, list[dict]]) -> None:
     from benchmarks._common import spread
 
     best = {v: min(r["seconds"] for r in rs) for v, rs in runs.items()}
+    # each variant against the nominal run of its own environment
+    nominal_of = {v: "nominal" + v[v.index("@"):] if "@" in v else "nominal" for v in runs}
     print(f"\nn = {n}")
     print(f"  {'variant':14s} {'wall s: min (+spread)':>22s} {'cpu s':>8s} {'per k s':>8s} "
           f"{'per k / nominal':>16s} {'peak RSS MiB':>13s}")
     for v, rs in runs.items():
-        n_k = rs[0]["n_k"] if v != "nominal" else 1
+        is_nominal = v.startswith("nominal")
+        n_k = 1 if is_nominal else rs[0]["n_k"]
         per_k = best[v] / n_k
-        ratio = (f"{per_k / best['nominal']:16.2f}" if "nominal" in best and v != "nominal"
-                 else " " * 16)
+        ratio = (f"{per_k / best[nominal_of[v]]:16.2f}" if nominal_of[v] in best
+                 and not is_nominal else " " * 16)
         print(f"  {v:14s} {spread([r['seconds'] for r in rs]):>22s} "
               f"{min(r['cpu'] for r in rs):8.1f} {per_k:8.2f} {ratio} "
               f"{max(r['peak_rss_mb'] for r in rs):13.0f}")

@@ -103,6 +103,21 @@ def test_merge_keeps_the_k_best_of_buffer_and_clamped_fragment(monkeypatch, dtyp
             assert abs(sums[r] - exact) <= 2 * width * 2.0**-53 * (width * limit + 1)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_box_without_buffer_gets_the_sums_only(dtype):
+    """k = 0 (buffer None): the float64 sums of the clamped values, rows of every width
+    (blocks of the scan and a tail)."""
+    rng = np.random.default_rng(4)
+    for width in (1, 63, 64, 65, 300):
+        frag = (rng.normal(size=(3, width)) * 2).astype(dtype)
+        sums = np.zeros(3)
+        topk_kernel.merge_fragment(frag, None, sums, 0.5, bool(width % 2))
+        clamped = np.clip(frag, -dtype(0.5), dtype(0.5))
+        for r in range(3):
+            exact = math.fsum(float(v) for v in clamped[r])
+            assert abs(sums[r] - exact) <= 2 * width * 2.0**-53 * width * 0.5
+
+
 def test_merge_propagates_nan_into_the_sum():
     frag = np.array([[0.1, np.nan, -0.2, 0.3]], dtype=np.float32)
     buf = np.full((1, 2), -np.inf, dtype=np.float32)
@@ -123,8 +138,10 @@ LOSSY_CALLS = []
 
 def lossy_merge(values, buffer, sums, gamma, largest):
     """The kernel followed by a bug: each row's best buffered value replaced by its worst."""
-    LOSSY_CALLS.append(values.shape)
     topk_kernel.__dict__["_real_merge"](values, buffer, sums, gamma, largest)
+    if buffer is None:                  # a box of k = 0: nothing buffered to lose
+        return
+    LOSSY_CALLS.append(values.shape)
     srt = np.sort(buffer, axis=-1)
     buffer[:] = np.concatenate([srt[:, :-1], srt[:, :1]], axis=1) if largest else \
         np.concatenate([srt[:, -1:], srt[:, 1:]], axis=1)
