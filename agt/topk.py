@@ -68,11 +68,12 @@ proof is known for thresholds that depend on the data); the variational form at 
 statistic (equal to exact, but that statistic is known only after the last fragment: a
 second pass over the values); lower-precision selection keys (the selection is no longer the
 bottleneck, and ties in a coarser key would need an exact correction); compacting a later
-fragment's single candidate values (beyond the running k-th best): measured slower on the
-IMDB-like benchmark where introselect is SIMD-fast (k = 10: 17-19 s vs 15-16 s, k = 1000:
-37-41 s vs 20-21 s), and on a machine where it is not, building the pool cost as much as
-the selection it saved (k = 1000: 13 ms vs 12 ms per row chunk); the block prefilter
-compacts whole blocks through a top-k of their extremes, with no per-value compaction.
+fragment's single candidate values (beyond the running k-th best) with tensor operations:
+measured slower on the IMDB-like benchmark where introselect is SIMD-fast (k = 10: 17-19 s
+vs 15-16 s, k = 1000: 37-41 s vs 20-21 s), and on a machine where it is not, building the
+pool cost as much as the selection it saved (k = 1000: 13 ms vs 12 ms per row chunk). The
+compiled merge does that compaction value by value inside its one scan, where it costs a
+comparison per value, not a pass per tensor operation.
 """
 
 from __future__ import annotations

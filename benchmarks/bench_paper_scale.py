@@ -19,8 +19,9 @@ plan runs 20), nominal and AGT training of the head at each private size of
 ``--octmnist-private`` (a list, so that a size too large for the machine can be
 extrapolated from smaller ones), certifying the queries and releasing their labels.
 
-Each stage runs in a fresh process (its peak RSS is its own) under ``--stage-timeout``; a
-stage that runs out of time is recorded as such. Figures: the minimum over ``--repeats``
+Each stage runs in a fresh process (its peak RSS is its own), in the environment the
+``agt`` command sets (passive OpenMP waits), under ``--stage-timeout``; a stage that runs
+out of time is recorded as such. Figures: the minimum over ``--repeats``
 with the spread (max - min), 2 threads, all in one run. Nothing here needs the real data.
 """
 
@@ -36,7 +37,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import imdb_data, octmnist_data, pipeline_config  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    child_environment,
+    imdb_data,
+    octmnist_data,
+    pipeline_config,
+)
 
 EPSILON_PER_QUERY = 1.0
 PRETRAIN_BATCH = 100
@@ -158,7 +164,8 @@ def _run(fn: str, timeout: float, **kwargs) -> dict:
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout,
+                              env=child_environment())
     except subprocess.TimeoutExpired:
         return {"timeout_s": timeout}
     for line in proc.stdout.splitlines():
