@@ -57,8 +57,8 @@ allowance of the worst batch size within distance k (`nesting_allowance`). The p
 * Compiled merge (`agt.topk_kernel`, with numba; the CPU default where it imports). One
   pass per row clamps each value, adds it to the float64 batch sum and offers it to the
   buffer only if it beats the buffer's worst value; a selection runs only when the
-  candidates fill their room. The same multisets (its module docstring), about k (1 +
-  ln(n / k)) values selected per row and step instead of every value, and no workspace.
+  candidates fill their room. The same multisets (its module docstring); in a random order
+  about k (1 + ln(n / k)) values per row and step become candidates, and no workspace.
   Without numba, or off the CPU, the path above.
 
 Ideas of the issue not kept (benchmarks/bench_imdb.py, bench_heatmap.py): thresholds from the

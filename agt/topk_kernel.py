@@ -4,12 +4,15 @@ one fragment in a single pass over its values (numba, no C sources in the reposi
 The plain CPU path (agt/topk.py) clamps a fragment into a workspace, sums it, and runs an
 introselect over ``buffer | fragment`` for every row: every value is selected, at whatever
 a machine's selection costs per value (5-8 ns on some x86 machines without a SIMD sort).
-This kernel reads each value once: it clamps it, adds it to the row's float64 sum and
-compares it with the buffer's worst value (the floor). Only a value better than the floor
-is appended to a candidate area; when that area fills, a selection keeps the k best of
+This kernel reads each value once in a vectorised scan (a block of values holding a
+candidate twice): it clamps it, adds it to the row's float64 sum and compares it with the
+buffer's worst value (the floor). Only a value better than the floor is appended to a
+candidate area; when that area fills, a selection keeps the k best of
 buffer and candidates and raises the floor. In a random order the floor passes the k-th
 best of the values seen so early that about k (1 + ln(n / k)) of a row's n values are
-ever appended, so for k much smaller than n almost all the work is the one pass.
+ever appended, so for k much smaller than n almost all the work is the one pass; for k
+near a tenth of n nearly every value still meets a selection (the buffer's k values take
+part in each), and the selection decides the cost.
 
 Exactness (the same multisets as the plain path). Every value is either appended or not
 better than the floor at its arrival. The floor is always the worst of k values of the
@@ -264,9 +267,7 @@ if numba is not None:
         """For every row r: clamp vals[r] to [-limit, limit], add its float64 sum to sums[r]
         and replace buf[r] by the k best of buf[r] and the clamped vals[r] (best: largest
         of -value where ``negate``; buf holds values, not negated ones; k = 0: the sums
-        only). ``top``: +inf in the values' dtype. Negation, not a
-        product with -1: a product with a subnormal operand takes a slow microcode path on
-        x86, and the per-sample bounds of the IMDB-like benchmark are half subnormal.
+        only). ``top``: +inf in the values' dtype.
 
         The row is read in blocks of SCAN values: a vectorised loop clamps them, sums them
         and tells whether one beats the floor; only such a block (and the tail) is read
