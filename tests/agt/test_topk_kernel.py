@@ -147,23 +147,6 @@ def lossy_merge(values, buffer, sums, gamma, largest):
         np.concatenate([srt[:, -1:], srt[:, 1:]], axis=1)
 
 
-def escapes(cfg, ds, seed: int) -> int:
-    """Parameters of nominal runs on 10 targeted neighbours (10 records replaced) outside
-    the k = 10 box trained on ds: the retraining attack of tests/agt/test_training.py."""
-    from agt.training import train, train_nominal
-    from tests.agt.test_training import targeted
-
-    res = train(cfg, ds)
-    rng = np.random.default_rng(seed)
-    escaped = 0
-    for _ in range(10):
-        p = train_nominal(cfg, targeted(cfg, ds, 10, rng))
-        for name in p:
-            v = p[name].double()
-            escaped += int(((v < res.lower[name][2]) | (v > res.upper[name][2])).sum())
-    return escaped
-
-
 def test_retraining_attack_on_the_kernel_path(monkeypatch):
     """The attack against boxes whose merges went through the kernel (fragments of 50: every
     fragment after the first) finds nothing; against a kernel that loses one value per row
@@ -171,7 +154,7 @@ def test_retraining_attack_on_the_kernel_path(monkeypatch):
     accumulator reject the lossy kernel too."""
     from agt.interval import FloatModel
     from agt.topk import DescentAccumulator
-    from tests.agt.test_topk import GAMMA, check_against_naive, sample_bounds, stream
+    from tests.agt.test_topk import GAMMA, check_against_naive, escapes, sample_bounds, stream
     from tests.helpers import LOGISTIC_CE, blobs, config
 
     monkeypatch.setattr(topk_mod, "FUSED_ON_CPU", True)
