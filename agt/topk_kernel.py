@@ -292,21 +292,12 @@ if numba is not None:
             for j0 in range(0, main, SCAN):
                 part = 0.0
                 hit = False
-                if negate:
-                    ceiling = -floor
-                    for j in range(j0, j0 + SCAN):
-                        v = row[j]
-                        v = limit if v > limit else v
-                        v = -limit if v < -limit else v
-                        part += v
-                        hit |= v < ceiling
-                else:
-                    for j in range(j0, j0 + SCAN):
-                        v = row[j]
-                        v = limit if v > limit else v
-                        v = -limit if v < -limit else v
-                        part += v
-                        hit |= v > floor
+                for j in range(j0, j0 + SCAN):
+                    v = row[j]
+                    v = limit if v > limit else v
+                    v = -limit if v < -limit else v
+                    part += v
+                    hit |= (-v if negate else v) > floor
                 total += part
                 if hit:
                     m, floor = _offer(w, better, rest, row, j0, j0 + SCAN, limit, negate,
