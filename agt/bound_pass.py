@@ -160,13 +160,17 @@ class IntervalPass:
             sources = self.net.grads_bounds(boxes, self.records.bound_inputs(fidx, beyond),
                                             self.records.y[fidx], self.loss, fm)
             for name, src in sources.items():
+                acc = accs[name]
+                if beyond is None and src.outer is not None and acc.takes_outer(src.outer):
+                    acc.add_outer(src.outer)   # computed where merged: no per-sample bounds
+                    continue
                 for r0, r1 in memory.row_chunks(src, len(fidx), n_groups):
                     grads = src.samples_last(r0, r1)
                     if beyond is not None:
                         # the accumulators clamp these to the clamp range
                         grads = Interval(grads.lo.masked_fill(beyond, -math.inf),
                                          grads.hi.masked_fill(beyond, math.inf))
-                    accs[name].add(r0 * src.row_size, r1 * src.row_size, grads)
+                    acc.add(r0 * src.row_size, r1 * src.row_size, grads)
             for acc in accs.values():
                 acc.samples_seen(len(fidx))
 

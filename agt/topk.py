@@ -60,6 +60,15 @@ allowance of the worst batch size within distance k (`nesting_allowance`). The p
   candidates fill their room. The same multisets (its module docstring); in a random order
   about k (1 + ln(n / k)) values per row and step become candidates, and no workspace.
   Without numba, or off the CPU, the path above.
+* Factored bounds (`DescentAccumulator.add_outer`). A linear layer whose input is exact
+  (the data, or a frozen prefix's features) hands over its per-sample weight bounds as
+  factors (`agt.bounded.layers.OuterBounds`: b (in + 2 G out) numbers for 2 G out in b
+  bounds). The compiled merge computes each row's bounds where it merges them, so none
+  is written to memory (the IMDB-like benchmark's first layer: 6.1 GB of bounds written
+  and read per box and step before), and the factors of several fragments are kept and
+  merged at once: a buffer's k values meet a selection once per merge, not once per
+  fragment. The bounds are the ones `OuterBounds.values` gives, value for value, so the
+  multisets are those of the path above (the merge lemma holds in any grouping).
 
 Ideas of the issue not kept (benchmarks/bench_imdb.py, bench_heatmap.py): thresholds from the
 nominal order statistics (the variational form is equal to exact only at a threshold between
@@ -316,6 +325,9 @@ def block_pool(frag: torch.Tensor, k: int, largest: bool,
 #: Row blocks of at least this many values are spread over torch's intra-op thread count:
 #: numpy's sort and partition release the GIL but use one thread each.
 PARALLEL_MIN_VALUES = 1 << 17
+#: Bytes of factored bounds (`DescentAccumulator.add_outer`) kept before they are merged: the
+#: more fragments one merge takes, the fewer times a buffer meets a selection.
+DEFER_BYTES = 256 << 20
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None   # (pid, workers, executor)
 
 
@@ -401,11 +413,64 @@ class DescentAccumulator:
         self._scratch: torch.Tensor | None = None
         # rows of the first fragment already added (None once samples_seen was called)
         self._first_rows: torch.Tensor | None = torch.zeros(n_params, dtype=torch.bool)
+        self._pending: list = []            # OuterBounds not merged yet (add_outer)
+        self._pending_bytes = 0
+
+    def takes_outer(self, outer) -> bool:
+        """Whether `add_outer` takes these factored bounds (`agt.bounded.layers.OuterBounds`,
+        every row of this parameter): the compiled merge runs here (CPU, numba) and their
+        dtype is the buffers'. Otherwise the caller adds `OuterBounds.values` by rows."""
+        return (outer.a.dtype == self.dtype and outer.d_lo.dtype == self.dtype
+                and outer.a.shape[0] * outer.d_lo.shape[1] == self.sum_lo.shape[1]
+                and outer.d_lo.shape[0] in (1, self.sum_lo.shape[0]) and self._fused(outer.a))
+
+    def add_outer(self, outer) -> None:
+        """Add one fragment's per-sample weight bounds of a linear layer with an exact input,
+        given as factors (`agt.bounded.layers.OuterBounds`, all rows; `takes_outer` must
+        hold), then call `samples_seen` as after `add`.
+
+        The factors are kept until `flush` (at the latest when the bounds are read, or
+        when they hold DEFER_BYTES): one compiled merge then computes each row's bounds
+        of all kept fragments where it uses them (agt/topk_kernel.merge_outer) and merges
+        them in one pass. The same multisets as adding `OuterBounds.values` fragment by
+        fragment (the merge lemma in any grouping), no per-sample bound in memory, and a
+        buffer's k values meet a selection once per flush instead of once per fragment."""
+        if self._first_rows is not None:
+            if bool(self._first_rows.any()):
+                raise SoundnessError("internal: rows added twice before samples_seen")
+            self._first_rows[:] = True
+        self._pending.append(outer)
+        self._pending_bytes += sum(t.numel() * t.element_size()
+                                   for t in (outer.d_lo, outer.d_hi, outer.a))
+        if self._pending_bytes >= DEFER_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Merge the factored bounds kept by `add_outer` (nothing to do if none are kept)."""
+        if not self._pending:
+            return
+        from agt import topk_kernel
+        G = self.sum_lo.shape[0]
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        a = np.ascontiguousarray(torch.cat([o.a for o in pending], -1).numpy())
+        d_lo = torch.cat([o.d_lo.expand(G, -1, -1) for o in pending], -1)
+        d_hi = torch.cat([o.d_hi.expand(G, -1, -1) for o in pending], -1)
+        in_f, n = a.shape
+        for g, k in enumerate(self.k_sizes):
+            lo = np.ascontiguousarray(d_lo[g].numpy())
+            hi = np.ascontiguousarray(d_hi[g].numpy())
+            bufs = (self.top_lo[g].numpy(), self.low_hi[g].numpy()) if k else (None, None)
+            s_lo, s_hi = self.sum_lo[g].numpy(), self.sum_hi[g].numpy()
+            _by_row_ranges(lambda i0, i1: topk_kernel.merge_outer(
+                lo, hi, a, (i0, i1), bufs[0], bufs[1], s_lo, s_hi, self.gamma),
+                in_f, self.sum_lo.shape[1] * n)
 
     def add(self, start: int, stop: int, grads: Interval) -> None:
         """grads: Interval (G or 1, stop - start, f) of per-sample gradient bounds of the
         parameter entries [start, stop) for f samples (samples last); clamped here. Each
         fragment adds every row once, then calls `samples_seen`."""
+        # the merges below read self.count as the number of values merged into the buffers
+        self.flush()
         if grads.lo.dtype != self.dtype or grads.hi.dtype != self.dtype:
             # wider values would be rounded into the buffers (unsound); narrower ones would be
             # clamped in another dtype than the one whose clamp limit `bounds` assumes
@@ -513,6 +578,7 @@ class DescentAccumulator:
                group: torch.Tensor | None = None) -> Interval:
         """Descent-direction bounds for distances ``k`` (int tensor (M,)), each computed from
         group ``group[m]`` of this accumulator (default: group m). Returns Interval (M, P)."""
+        self.flush()
         b = self.count
         device = self.sum_lo.device
         if group is None:
@@ -617,6 +683,10 @@ class ThresholdAccumulator:
         self.k_max = int(k.max()) if k.numel() else 0
         self.value_dtype = BOUND_DTYPE
 
+    def takes_outer(self, outer) -> bool:
+        """Never: factored bounds reach this rule as `OuterBounds.values`."""
+        return False
+
     def add(self, start: int, stop: int, grads: Interval) -> None:
         dtype = self.value_dtype = grads.lo.dtype
         t_lo = self.tau_lo[:, start:stop, None].to(dtype)
@@ -645,6 +715,7 @@ class ThresholdAccumulator:
 def order_statistics(acc: DescentAccumulator, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """From an accumulator fed with point values g: per k, the k-th largest (tau_lo) and the
     k-th smallest (tau_hi) value per parameter; +gamma / -gamma for k = 0 (no threshold)."""
+    acc.flush()
     device = acc.sum_lo.device
     P = acc.sum_lo.shape[1]
     k = k.to(device)

@@ -22,6 +22,7 @@ formula needs the matching change to its interval twin.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Union
 
 import torch
@@ -33,6 +34,53 @@ from agt.interval import BOUND_DTYPE, FloatModel, Interval
 from agt.models import LayerSpec
 
 Act = Union[torch.Tensor, Interval]
+
+
+@dataclass(frozen=True)
+class OuterBounds:
+    """Per-sample bounds of a linear layer's weight gradient delta_s a_s^T when the input a
+    is exact (the data, or features of a frozen prefix), given by their factors: for box g,
+    output unit o, input i and sample s, with a+ = max(a, 0) and a- = min(a, 0),
+
+        lo[g, o, i, s] = d_lo[g, o, s] a+[i, s] + d_hi[g, o, s] a-[i, s]
+        hi[g, o, i, s] = d_hi[g, o, s] a+[i, s] + d_lo[g, o, s] a-[i, s]
+
+    in the compute dtype (the four-corner rule of an interval times a number; exactly one of
+    the two products is non-zero, so each bound is one rounded product, and ``d`` is
+    widened so that this rounding stays outward, `agt.interval.product_factor`).
+
+    O(b (in + G out)) numbers for the b G out in bounds: a consumer that computes the bounds
+    where it uses them (`agt.topk.DescentAccumulator.add_outer`) never writes them to
+    memory. `values` is the one torch definition of the formula; the compiled merge of
+    agt/topk_kernel.py repeats it and is tested against it.
+
+    Attributes:
+        d_lo: (G, out, b) lower bounds of the widened output gradient, compute dtype.
+        d_hi: (G, out, b) upper bounds.
+        a: (in, b) the exact input, compute dtype."""
+
+    d_lo: torch.Tensor
+    d_hi: torch.Tensor
+    a: torch.Tensor
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.a.shape[-1])
+
+    @cached_property
+    def _a_parts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a.clamp_min(0.0).unsqueeze(0), self.a.clamp_max(0.0).unsqueeze(0)
+
+    def values(self, start: int, stop: int) -> Interval:
+        """The bounds of output rows [start, stop): Interval (G, (stop - start) * in, b)."""
+        a_pos, a_neg = self._a_parts                                    # (1, in, b)
+        dl = self.d_lo[:, start:stop].unsqueeze(2)                      # (G, rows, 1, b)
+        dh = self.d_hi[:, start:stop].unsqueeze(2)
+        # exactly one of the two products is non-zero: no extra rounding
+        lo = (dl * a_pos).addcmul_(dh, a_neg)
+        hi = (dh * a_pos).addcmul_(dl, a_neg)
+        g, b = lo.shape[0], lo.shape[-1]
+        return Interval(lo.reshape(g, -1, b), hi.reshape(g, -1, b))
 
 
 @dataclass(frozen=True)
@@ -50,13 +98,14 @@ class GradSource:
     row_size: int
     fn: Callable[[int, int], object]
     samples_last_fn: Callable[[int, int], object] | None = None
+    outer: OuterBounds | None = None
 
     @staticmethod
-    def bounds(n_rows: int, row_size: int,
-               samples_last: Callable[[int, int], Interval]) -> "GradSource":
+    def bounds(n_rows: int, row_size: int, samples_last: Callable[[int, int], Interval],
+               outer: OuterBounds | None = None) -> "GradSource":
         def fn(start, stop):
             return samples_last(start, stop).map(lambda t: t.transpose(-1, -2))
-        return GradSource(n_rows, row_size, fn, samples_last)
+        return GradSource(n_rows, row_size, fn, samples_last, outer)
 
     def samples_last(self, start: int, stop: int) -> Interval:
         if self.samples_last_fn is None:
@@ -105,29 +154,26 @@ class LinearRule:
         # (iv.product_factor), exact inputs split into positive and negative parts make the
         # four-corner rule two products per bound.
         d_wide = iv.to_dtype_outward(iv.product_factor(delta, fm), cdtype)
-        d_lo = d_wide.lo.transpose(1, 2).contiguous().unsqueeze(2)       # (G, out, 1, b)
-        d_hi = d_wide.hi.transpose(1, 2).contiguous().unsqueeze(2)
+        d_lo = d_wide.lo.transpose(1, 2).contiguous()                     # (G, out, b)
+        d_hi = d_wide.hi.transpose(1, 2).contiguous()
+        outer = None
         if isinstance(a, Interval):
             a_c = iv.to_dtype_outward(a, cdtype)
             a_lo = a_c.lo.transpose(-1, -2).contiguous().unsqueeze(-3)    # (G|1, 1, in, b)
             a_hi = a_c.hi.transpose(-1, -2).contiguous().unsqueeze(-3)
         else:
-            a_t = a.to(cdtype).transpose(0, 1).contiguous()                # (in, b), exact
-            a_pos, a_neg = a_t.clamp_min(0.0), a_t.clamp_max(0.0)
+            outer = OuterBounds(d_lo, d_hi, a.to(cdtype).transpose(0, 1).contiguous())
 
         def weight(start, stop):
-            dl, dh = d_lo[:, start:stop], d_hi[:, start:stop]
-            if isinstance(a, Interval):
-                p1, p2, p3, p4 = dl * a_lo, dl * a_hi, dh * a_lo, dh * a_hi
-                lo = torch.minimum(torch.minimum(p1, p2), torch.minimum(p3, p4))
-                hi = torch.maximum(torch.maximum(p1, p2), torch.maximum(p3, p4))
-            else:
-                # exactly one of the two products is non-zero: no extra rounding
-                lo = (dl * a_pos).addcmul_(dh, a_neg)
-                hi = (dh * a_pos).addcmul_(dl, a_neg)
+            if outer is not None:
+                return outer.values(start, stop)
+            dl, dh = d_lo[:, start:stop].unsqueeze(2), d_hi[:, start:stop].unsqueeze(2)
+            p1, p2, p3, p4 = dl * a_lo, dl * a_hi, dh * a_lo, dh * a_hi
+            lo = torch.minimum(torch.minimum(p1, p2), torch.minimum(p3, p4))
+            hi = torch.maximum(torch.maximum(p1, p2), torch.maximum(p3, p4))
             return Interval(lo.reshape(g, -1, b), hi.reshape(g, -1, b))
 
-        sources = {"weight": GradSource.bounds(out_f, in_f, weight)}
+        sources = {"weight": GradSource.bounds(out_f, in_f, weight, outer)}
         if "bias" in p:
             bias_grad = iv.to_dtype_outward(delta, cdtype).map(
                 lambda t: t.transpose(1, 2).contiguous())

@@ -1,7 +1,9 @@
 """The compiled single-pass merge (agt/topk_kernel.py): its selection keeps exactly the
 multisets a sort keeps, its merges keep the k best of buffer and clamped fragment on rows
 with ties, signed zeros, saturation and +-inf fill, its sums are float64 sums of the clamped
-values, and a kernel that loses a value is caught by the checks and by retraining."""
+values, the merge of factored bounds (`OuterBounds`, kept over fragments) keeps what merging
+the materialised bounds keeps, and a kernel that loses a value is caught by the checks and by
+retraining on either path."""
 
 from __future__ import annotations
 
@@ -158,6 +160,8 @@ def test_retraining_attack_on_the_kernel_path(monkeypatch):
     from tests.helpers import LOGISTIC_CE, blobs, config
 
     monkeypatch.setattr(topk_mod, "FUSED_ON_CPU", True)
+    # the weights' bounds as values (the path of a layer with an interval input), not factors
+    monkeypatch.setattr(DescentAccumulator, "takes_outer", lambda self, outer: False)
     ds = blobs(400, seed=14)
     cfg = config(LOGISTIC_CE, n_epochs=1, k_values=[0, 3, 10], fragment_size=50)
     calls = []
@@ -187,3 +191,173 @@ def test_retraining_attack_on_the_kernel_path(monkeypatch):
         check_against_naive(acc.bounds(torch.tensor(ks), FloatModel(torch.float64)), lo, hi,
                             ks, [0, 1], FloatModel(torch.float64))
     assert LOSSY_CALLS
+
+
+def outer_factors(rng: np.random.Generator, groups: int, out_f: int, in_f: int, b: int,
+                  dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Factors of `OuterBounds`: d_lo <= d_hi with signs of every kind, some large enough to
+    saturate the clamp, exact zeros; an input with zeros, signed zeros and ties."""
+    d = rng.normal(size=(2, groups, out_f, b)) * rng.choice([0.05, 0.5, 3.0], size=(1, 1, out_f, 1))
+    d[:, :, :, ::7] = 0.0
+    d_lo, d_hi = d.min(0), d.max(0)
+    a = np.where(rng.random((in_f, b)) < 0.2, rng.choice([0.0, -0.0, 1.0, -1.0], size=(in_f, b)),
+                 rng.normal(size=(in_f, b)))
+    return d_lo.astype(dtype), d_hi.astype(dtype), a.astype(dtype)
+
+
+def clamped_sums(fragments, gamma: float, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Exact (math.fsum) sums of the clamped materialised bounds, per box and row."""
+    from agt.bounded.layers import OuterBounds
+
+    per_lo, per_hi = [], []
+    for d_lo, d_hi, a in fragments:
+        values = OuterBounds(torch.from_numpy(d_lo), torch.from_numpy(d_hi),
+                             torch.from_numpy(a)).values(0, d_lo.shape[1])
+        per_lo.append(values.lo.clamp(-gamma, gamma).double().numpy())
+        per_hi.append(values.hi.clamp(-gamma, gamma).double().numpy())
+    lo, hi = np.concatenate(per_lo, -1), np.concatenate(per_hi, -1)
+    return (np.vectorize(math.fsum, signature="(n)->()")(lo),
+            np.vectorize(math.fsum, signature="(n)->()")(hi))
+
+
+def run_outer(fragments, sizes, gamma, outer: bool, dtype):
+    """A DescentAccumulator fed `OuterBounds` fragments: through add_outer (compiled, kept
+    until read) or through add of their materialised values (the plain path)."""
+    from agt.bounded.layers import OuterBounds
+    from agt.topk import DescentAccumulator
+
+    groups = len(sizes)
+    P = fragments[0][0].shape[1] * fragments[0][2].shape[0]
+    acc = DescentAccumulator(groups, P, sizes, gamma, torch.device("cpu"), dtype)
+    for d_lo, d_hi, a in fragments:
+        factors = OuterBounds(torch.from_numpy(d_lo), torch.from_numpy(d_hi), torch.from_numpy(a))
+        if outer:
+            assert acc.takes_outer(factors)
+            acc.add_outer(factors)
+        else:
+            acc.add(0, P, factors.values(0, d_lo.shape[1]))
+        acc.samples_seen(a.shape[1])
+    acc.flush()
+    return acc
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("defer", [1, 1 << 30])
+def test_outer_merge_keeps_what_the_materialised_bounds_keep(monkeypatch, dtype, defer):
+    """Factored bounds merged by the kernel (every fragment at once, or each on its own with
+    a 1-byte deferral) leave the buffers holding exactly the multisets that merging their
+    materialised values leaves, per box (k = 0, k within the batch, k beyond it: the fill
+    stays), with shared (G = 1) and per-box factors; the sums are float64 sums of the
+    clamped bounds (against math.fsum: the plain path's float32 blocks would add their own
+    rounding)."""
+    ndtype = np.float32 if dtype == torch.float32 else np.float64
+    monkeypatch.setattr(topk_mod, "DEFER_BYTES", defer)
+    rng = np.random.default_rng(7)
+    for case in range(6):
+        out_f, in_f = int(rng.integers(1, 5)), int(rng.integers(1, 7))
+        sizes = [0, int(rng.integers(1, 30)), 600]
+        shared = case % 2 == 0
+        widths = [int(w) for w in rng.integers(1, 200, size=int(rng.integers(1, 4)))]
+        fragments = [outer_factors(rng, 1 if shared else len(sizes), out_f, in_f, w, ndtype)
+                     for w in widths]
+        gamma = float(rng.choice([0.05, 0.4, 2.0]))
+        got = run_outer(fragments, sizes, gamma, True, dtype)
+        monkeypatch.setattr(topk_mod, "FUSED_ON_CPU", False)
+        want = run_outer(fragments, sizes, gamma, False, dtype)
+        monkeypatch.setattr(topk_mod, "FUSED_ON_CPU", True)
+        for g, k in enumerate(sizes):
+            for mine, theirs in ((got.top_lo[g], want.top_lo[g]), (got.low_hi[g], want.low_hi[g])):
+                if k:
+                    assert torch.equal(mine.sort(-1).values, theirs.sort(-1).values), (case, g)
+        exact_lo, exact_hi = clamped_sums(fragments, gamma, dtype)
+        total = sum(widths)
+        tol = 2 * total * 2.0**-53 * total * gamma       # float64 sums of clamped values
+        for mine, exact in ((got.sum_lo, exact_lo), (got.sum_hi, exact_hi)):
+            exact = np.broadcast_to(exact, mine.shape)
+            assert np.abs(mine.numpy() - exact).max() <= tol, case
+
+
+def test_outer_merge_propagates_nan_like_the_materialised_bounds():
+    """A NaN input (and an infinite d times a zero input) gives NaN bounds on both paths: the
+    rows it reaches get NaN sums, in the same rows."""
+    rng = np.random.default_rng(8)
+    d_lo, d_hi, a = outer_factors(rng, 1, 3, 4, 90, np.float32)
+    a[2, 5] = np.nan
+    d_hi[0, 1, 7] = np.inf
+    a[:, 7] = 0.0
+    got = run_outer([(d_lo, d_hi, a)], [5], 0.5, True, torch.float32)
+    topk_mod.FUSED_ON_CPU, saved = False, topk_mod.FUSED_ON_CPU
+    try:
+        want = run_outer([(d_lo, d_hi, a)], [5], 0.5, False, torch.float32)
+    finally:
+        topk_mod.FUSED_ON_CPU = saved
+    for mine, theirs in ((got.sum_lo, want.sum_lo), (got.sum_hi, want.sum_hi)):
+        assert torch.equal(torch.isnan(mine), torch.isnan(theirs))
+        assert bool(torch.isnan(mine).any())
+
+
+def test_outer_accumulator_refuses_a_second_add_before_samples_seen():
+    from agt.bounded.layers import OuterBounds
+    from agt.errors import SoundnessError
+    from agt.topk import DescentAccumulator
+
+    d_lo, d_hi, a = outer_factors(np.random.default_rng(9), 1, 2, 3, 10, np.float32)
+    factors = OuterBounds(torch.from_numpy(d_lo), torch.from_numpy(d_hi), torch.from_numpy(a))
+    acc = DescentAccumulator(1, 6, 3, 0.5, torch.device("cpu"), torch.float32)
+    acc.add_outer(factors)
+    with pytest.raises(SoundnessError, match="twice"):
+        acc.add_outer(factors)
+    wrong = DescentAccumulator(1, 7, 3, 0.5, torch.device("cpu"), torch.float32)
+    assert not wrong.takes_outer(factors)          # another parameter's size
+    other = DescentAccumulator(1, 6, 3, 0.5, torch.device("cpu"), torch.float64)
+    assert not other.takes_outer(factors)          # another dtype
+
+
+LOSSY_OUTER_CALLS = []
+
+
+def lossy_outer(d_lo, d_hi, a, inputs, buf_lo, buf_hi, sum_lo, sum_hi, gamma):
+    """merge_outer followed by a bug: each of its rows' buffered values all replaced by the
+    worst of them (a merge that keeps one value)."""
+    topk_kernel.__dict__["_real_outer"](d_lo, d_hi, a, inputs, buf_lo, buf_hi, sum_lo, sum_hi,
+                                        gamma)
+    if buf_lo is None:
+        return
+    LOSSY_OUTER_CALLS.append(inputs)
+    in_f = a.shape[0]
+    rows = [o * in_f + i for o in range(d_lo.shape[0]) for i in range(*inputs)]
+    for buf, largest in ((buf_lo, True), (buf_hi, False)):
+        worst = buf[rows].min(-1) if largest else buf[rows].max(-1)
+        buf[rows] = worst[:, None]
+
+
+def test_retraining_attack_on_the_outer_path(monkeypatch):
+    """A logistic model's weights (an exact input) take the factored path: retraining on
+    targeted neighbours escapes none of its boxes, fragments of 50 kept and merged at once;
+    a merge_outer that keeps one value per row is caught by the same attack when each
+    fragment is merged on its own (a 1-byte deferral: the bug strikes 8 times a step; once
+    a step, or one value lost, moved the boxes of this small model too little for these
+    retrainings to reach)."""
+    from tests.agt.test_topk import escapes
+    from tests.helpers import LOGISTIC_CE, blobs, config
+
+    monkeypatch.setattr(topk_mod, "FUSED_ON_CPU", True)
+    ds = blobs(400, seed=14)
+    cfg = config(LOGISTIC_CE, n_epochs=1, k_values=[0, 3, 10], fragment_size=50)
+    calls = []
+    real = topk_kernel.merge_outer
+
+    def counting(*args):
+        calls.append(args[0].shape[1])              # samples per merge
+        real(*args)
+
+    monkeypatch.setattr(topk_kernel, "merge_outer", counting)
+    assert escapes(cfg, ds, 15) == 0
+    assert calls and max(calls) > 50                # fragments were merged together
+
+    monkeypatch.setitem(topk_kernel.__dict__, "_real_outer", real)
+    monkeypatch.setattr(topk_kernel, "merge_outer", lossy_outer)
+    monkeypatch.setattr(topk_mod, "DEFER_BYTES", 1)
+    LOSSY_OUTER_CALLS.clear()
+    assert escapes(cfg, ds, 15) > 0
+    assert LOSSY_OUTER_CALLS

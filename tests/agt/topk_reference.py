@@ -34,6 +34,10 @@ class ReferenceDescentAccumulator:
             self.top_lo = torch.full(shape, -float("inf"), dtype=dtype, device=device)
             self.top_neg_hi = torch.full_like(self.top_lo, -float("inf"))
 
+    def takes_outer(self, outer) -> bool:
+        """Never: this reference takes every bound as a value (`add`)."""
+        return False
+
     def add(self, start: int, stop: int, grads: Interval) -> None:
         """grads: Interval (G or 1, stop - start, f) of per-sample gradient bounds of the
         parameter entries [start, stop) for f samples (samples last); clamped here."""
