@@ -60,10 +60,10 @@ allowance of the worst batch size within distance k (`nesting_allowance`). The p
   candidates fill their room. The same multisets (its module docstring); in a random order
   about k (1 + ln(n / k)) values per row and step become candidates, and no workspace.
   Without numba, or off the CPU, the path above.
-* Factored bounds (`DescentAccumulator.add_outer`). A linear layer whose input is exact
-  (the data, or a frozen prefix's features) hands over its per-sample weight bounds as
-  factors (`agt.bounded.layers.OuterBounds`: b (in + 2 G out) numbers for 2 G out in b
-  bounds). The compiled merge computes each row's bounds where it merges them, so none
+* Factored bounds (`DescentAccumulator.add_outer`). A linear layer hands over its
+  per-sample weight bounds as factors (`agt.bounded.layers.OuterBounds`: the widened
+  output gradient and the input, exact or an interval; O(b (in + G out)) numbers for
+  2 G out in b bounds). The compiled merge computes each row's bounds where it merges them, so none
   is written to memory (the IMDB-like benchmark's first layer: 6.1 GB of bounds written
   and read per box and step before), and the factors of several fragments are kept and
   merged at once: a buffer's k values meet a selection once per merge, not once per
@@ -420,9 +420,12 @@ class DescentAccumulator:
         """Whether `add_outer` takes these factored bounds (`agt.bounded.layers.OuterBounds`,
         every row of this parameter): the compiled merge runs here (CPU, numba) and their
         dtype is the buffers'. Otherwise the caller adds `OuterBounds.values` by rows."""
+        groups = (1, self.sum_lo.shape[0])
         return (outer.a.dtype == self.dtype and outer.d_lo.dtype == self.dtype
-                and outer.a.shape[0] * outer.d_lo.shape[1] == self.sum_lo.shape[1]
-                and outer.d_lo.shape[0] in (1, self.sum_lo.shape[0]) and self._fused(outer.a))
+                and (outer.exact or (outer.a_hi.dtype == self.dtype and outer.a.dim() == 3
+                                     and outer.a.shape[0] in groups))
+                and outer.in_features * outer.d_lo.shape[1] == self.sum_lo.shape[1]
+                and outer.d_lo.shape[0] in groups and self._fused(outer.a))
 
     def add_outer(self, outer) -> None:
         """Add one fragment's per-sample weight bounds of a linear layer with an exact input,
@@ -439,9 +442,12 @@ class DescentAccumulator:
             if bool(self._first_rows.any()):
                 raise SoundnessError("internal: rows added twice before samples_seen")
             self._first_rows[:] = True
+        if self._pending and self._pending[0].exact != outer.exact:
+            self.flush()                 # one merge takes fragments of one kind
         self._pending.append(outer)
         self._pending_bytes += sum(t.numel() * t.element_size()
-                                   for t in (outer.d_lo, outer.d_hi, outer.a))
+                                   for t in (outer.d_lo, outer.d_hi, outer.a, outer.a_hi)
+                                   if t is not None)
         if self._pending_bytes >= DEFER_BYTES:
             self.flush()
 
@@ -452,17 +458,27 @@ class DescentAccumulator:
         from agt import topk_kernel
         G = self.sum_lo.shape[0]
         pending, self._pending, self._pending_bytes = self._pending, [], 0
-        a = np.ascontiguousarray(torch.cat([o.a for o in pending], -1).numpy())
+        exact = pending[0].exact
         d_lo = torch.cat([o.d_lo.expand(G, -1, -1) for o in pending], -1)
         d_hi = torch.cat([o.d_hi.expand(G, -1, -1) for o in pending], -1)
-        in_f, n = a.shape
+        if exact:
+            a_lo, a_hi = torch.cat([o.a for o in pending], -1)[None], None   # (1, in, n)
+        else:
+            shared = all(o.a.shape[0] == 1 for o in pending)
+            a_lo = torch.cat([o.a if shared else o.a.expand(G, -1, -1) for o in pending], -1)
+            a_hi = torch.cat([o.a_hi if shared else o.a_hi.expand(G, -1, -1)
+                              for o in pending], -1)
+        in_f, n = a_lo.shape[-2:]
         for g, k in enumerate(self.k_sizes):
             lo = np.ascontiguousarray(d_lo[g].numpy())
             hi = np.ascontiguousarray(d_hi[g].numpy())
+            ga = g if a_lo.shape[0] > 1 else 0
+            x_lo = np.ascontiguousarray(a_lo[ga].numpy())
+            x_hi = None if a_hi is None else np.ascontiguousarray(a_hi[ga].numpy())
             bufs = (self.top_lo[g].numpy(), self.low_hi[g].numpy()) if k else (None, None)
             s_lo, s_hi = self.sum_lo[g].numpy(), self.sum_hi[g].numpy()
             _by_row_ranges(lambda i0, i1: topk_kernel.merge_outer(
-                lo, hi, a, (i0, i1), bufs[0], bufs[1], s_lo, s_hi, self.gamma),
+                lo, hi, x_lo, x_hi, (i0, i1), bufs[0], bufs[1], s_lo, s_hi, self.gamma),
                 in_f, self.sum_lo.shape[1] * n)
 
     def add(self, start: int, stop: int, grads: Interval) -> None:

@@ -32,12 +32,13 @@ is not loaded: until k values are held the floor is -inf and every value is appe
 a row that saw fewer than k values in all is filled back. Dropping the fill changes no
 multiset of k best values (it loses to every value) and spares a selection over it.
 
-Factored bounds (`merge_outer`). The per-sample weight bounds of a linear layer with an
-exact input are computed here from their factors, by the formula of
-`agt.bounded.layers.OuterBounds.values` in the same dtype (one rounded product per bound,
-whichever order the two terms are added in), one row at a time into a scratch row that
-the merge above then reads: the same values, hence the same multisets, as merging the
-materialised bounds, without writing them to memory.
+Factored bounds (`merge_outer`). The per-sample weight bounds of a linear layer are
+computed here from their factors, by the formulas of `agt.bounded.layers.OuterBounds.values`
+in the same dtype (an exact input: one rounded product per bound, whichever order the two
+terms are added in; an interval input: the least and greatest of the four rounded corner
+products, NaN propagated as torch.minimum and torch.maximum do), one row at a time into a
+scratch row that the merge above then reads: the same values, hence the same multisets, as
+merging the materialised bounds, without writing them to memory.
 
 The batch sum is a float64 sum of the clamped values: each block of SCAN values is summed in
 an order the compiler picks (reassociated to vectorise it, fixed in the compiled kernel,
@@ -360,41 +361,63 @@ if numba is not None:
         for r in range(vals.shape[0]):
             sums[r] += _merge_row(vals[r], buf[r], w, better, rest, limit, negate, room, top)
 
+    @_jit
+    def _lower(x, y):   # pragma: no cover - compiled
+        """min(x, y) with NaN propagated, as torch.minimum."""
+        return x if (x < y) | (x != x) else y
+
+    @_jit
+    def _upper(x, y):   # pragma: no cover - compiled
+        """max(x, y) with NaN propagated, as torch.maximum."""
+        return x if (x > y) | (x != x) else y
+
     @_scan_jit
-    def merge_outer_rows(d_lo, d_hi, a, i0, i1, buf_lo, buf_hi, sum_lo, sum_hi, limit,
-                         room, top):   # pragma: no cover - compiled
+    def merge_outer_rows(d_lo, d_hi, a_lo, a_hi, exact, i0, i1, buf_lo, buf_hi, sum_lo, sum_hi,
+                         limit, room, top):   # pragma: no cover - compiled
         """The merges of a linear layer's per-sample weight bounds, computed here from their
-        factors instead of read: for output unit o, input i (row r = o * in + i) and
-        sample s, with a+ = max(a, 0) and a- = min(a, 0) (NaN kept),
+        factors instead of read (`agt.bounded.layers.OuterBounds.values`, in the values'
+        dtype): for output unit o, input i (row r = o * in + i) and sample s,
 
-            lo[r, s] = d_lo[o, s] a+[i, s] + d_hi[o, s] a-[i, s]
-            hi[r, s] = d_hi[o, s] a+[i, s] + d_lo[o, s] a-[i, s]
+        * ``exact`` (a_lo is a_hi = a), with a+ = max(a, 0) and a- = min(a, 0), NaN kept:
+          lo = d_lo[o, s] a+[i, s] + d_hi[o, s] a-[i, s] and
+          hi = d_hi[o, s] a+[i, s] + d_lo[o, s] a-[i, s] (one of the two products is zero,
+          so each value is one rounded product, whatever the order of the two terms);
+        * otherwise the four corners: lo (hi) = the least (greatest) of d_lo a_lo,
+          d_lo a_hi, d_hi a_lo and d_hi a_hi at [o, s] and [i, s], NaN propagated.
 
-        in the values' dtype, the formula of agt.bounded.layers.LinearRule (one of the two
-        products is zero, so each value is one rounded product, whatever the order of the
-        two terms). Each lo row is merged into buf_lo[r] (largest) and sum_lo[r], each hi
-        row into buf_hi[r] (smallest) and sum_hi[r], for the inputs i0 <= i < i1 (the
-        input's factors stay in cache while every output unit takes them)."""
+        Each lo row is merged into buf_lo[r] (largest) and sum_lo[r], each hi row into
+        buf_hi[r] (smallest) and sum_hi[r], for the inputs i0 <= i < i1 (the input's factors
+        stay in cache while every output unit takes them)."""
         out_f, n = d_lo.shape
-        in_f = a.shape[0]
+        in_f = a_lo.shape[0]
         k = buf_lo.shape[1]
-        w = np.empty(k + room + 1, dtype=a.dtype)
-        better = np.empty(k + room, dtype=a.dtype)
-        rest = np.empty(k + room, dtype=a.dtype)
-        lo = np.empty(n, dtype=a.dtype)
-        hi = np.empty(n, dtype=a.dtype)
+        w = np.empty(k + room + 1, dtype=a_lo.dtype)
+        better = np.empty(k + room, dtype=a_lo.dtype)
+        rest = np.empty(k + room, dtype=a_lo.dtype)
+        lo = np.empty(n, dtype=a_lo.dtype)
+        hi = np.empty(n, dtype=a_lo.dtype)
         zero = limit - limit            # 0 in the values' dtype
         for i in range(i0, i1):
-            ai = a[i]
+            al = a_lo[i]
+            ah = a_hi[i]
             for o in range(out_f):
                 dl = d_lo[o]
                 dh = d_hi[o]
-                for s in range(n):
-                    x = ai[s]
-                    pos = zero if x < 0 else x
-                    neg = zero if x > 0 else x
-                    lo[s] = dl[s] * pos + dh[s] * neg
-                    hi[s] = dh[s] * pos + dl[s] * neg
+                if exact:
+                    for s in range(n):
+                        x = al[s]
+                        pos = zero if x < 0 else x
+                        neg = zero if x > 0 else x
+                        lo[s] = dl[s] * pos + dh[s] * neg
+                        hi[s] = dh[s] * pos + dl[s] * neg
+                else:
+                    for s in range(n):
+                        p1 = dl[s] * al[s]
+                        p2 = dl[s] * ah[s]
+                        p3 = dh[s] * al[s]
+                        p4 = dh[s] * ah[s]
+                        lo[s] = _lower(_lower(p1, p2), _lower(p3, p4))
+                        hi[s] = _upper(_upper(p1, p2), _upper(p3, p4))
                 r = o * in_f + i
                 sum_lo[r] += _merge_row(lo, buf_lo[r], w, better, rest, limit, False, room, top)
                 sum_hi[r] += _merge_row(hi, buf_hi[r], w, better, rest, limit, True, room, top)
@@ -417,24 +440,29 @@ def merge_fragment(values: np.ndarray, buffer: np.ndarray | None, sums: np.ndarr
     merge_rows(values, buffer, sums, kind(gamma), not largest, candidate_room(k), kind(np.inf))
 
 
-def merge_outer(d_lo: np.ndarray, d_hi: np.ndarray, a: np.ndarray, inputs: tuple[int, int],
-                buf_lo: np.ndarray | None, buf_hi: np.ndarray | None, sum_lo: np.ndarray,
-                sum_hi: np.ndarray, gamma: float) -> None:
+def merge_outer(d_lo: np.ndarray, d_hi: np.ndarray, a_lo: np.ndarray, a_hi: np.ndarray | None,
+                inputs: tuple[int, int], buf_lo: np.ndarray | None, buf_hi: np.ndarray | None,
+                sum_lo: np.ndarray, sum_hi: np.ndarray, gamma: float) -> None:
     """`merge_fragment` of both sides of a linear layer's per-sample weight bounds, computed
-    from their factors (`agt.bounded.layers.OuterBounds` of one box: d_lo, d_hi (out, b),
-    a (in, b)) for the rows of the inputs ``inputs`` = (i0, i1) of every output unit
-    (row o * in + i). buf_lo: (out * in, k) the k largest clamped lower bounds, buf_hi the
-    k smallest clamped upper bounds (None: k = 0, the sums only); sum_lo, sum_hi (out * in,)
-    float64. C-contiguous arrays of one float dtype (the sums float64)."""
-    out_f, in_f = d_lo.shape[0], a.shape[0]
-    arrays = (d_lo, d_hi, a, sum_lo, sum_hi) + tuple(x for x in (buf_lo, buf_hi) if x is not None)
+    from their factors (`agt.bounded.layers.OuterBounds` of one box: d_lo, d_hi (out, b);
+    the input a_lo (in, b), exact where a_hi is None, else the interval [a_lo, a_hi]) for
+    the rows of the inputs ``inputs`` = (i0, i1) of every output unit (row o * in + i).
+    buf_lo: (out * in, k) the k largest clamped lower bounds, buf_hi the k smallest
+    clamped upper bounds (None: k = 0, the sums only); sum_lo, sum_hi (out * in,) float64.
+    C-contiguous arrays of one float dtype (the sums float64)."""
+    exact = a_hi is None
+    a_hi = a_lo if exact else a_hi
+    out_f, in_f = d_lo.shape[0], a_lo.shape[0]
+    arrays = (d_lo, d_hi, a_lo, a_hi, sum_lo, sum_hi) + tuple(
+        x for x in (buf_lo, buf_hi) if x is not None)
     if not all(x.flags.c_contiguous for x in arrays):
         raise ValueError("internal: merge_outer needs C-contiguous arrays")
     if (buf_lo is None) != (buf_hi is None) or d_hi.shape != d_lo.shape \
-            or a.shape[1] != d_lo.shape[1] or sum_lo.shape != (out_f * in_f,):
+            or a_hi.shape != a_lo.shape or a_lo.shape[1] != d_lo.shape[1] \
+            or sum_lo.shape != (out_f * in_f,):
         raise ValueError("internal: merge_outer got arrays of mismatched shapes")
     if buf_lo is None:
-        buf_lo = buf_hi = np.empty((out_f * in_f, 0), dtype=a.dtype)
-    kind = a.dtype.type
-    merge_outer_rows(d_lo, d_hi, a, inputs[0], inputs[1], buf_lo, buf_hi, sum_lo, sum_hi,
-                     kind(gamma), candidate_room(buf_lo.shape[1]), kind(np.inf))
+        buf_lo = buf_hi = np.empty((out_f * in_f, 0), dtype=a_lo.dtype)
+    kind = a_lo.dtype.type
+    merge_outer_rows(d_lo, d_hi, a_lo, a_hi, exact, inputs[0], inputs[1], buf_lo, buf_hi,
+                     sum_lo, sum_hi, kind(gamma), candidate_room(buf_lo.shape[1]), kind(np.inf))

@@ -38,16 +38,23 @@ Act = Union[torch.Tensor, Interval]
 
 @dataclass(frozen=True)
 class OuterBounds:
-    """Per-sample bounds of a linear layer's weight gradient delta_s a_s^T when the input a
-    is exact (the data, or features of a frozen prefix), given by their factors: for box g,
-    output unit o, input i and sample s, with a+ = max(a, 0) and a- = min(a, 0),
+    """Per-sample bounds of a linear layer's weight gradient delta_s a_s^T, given by their
+    factors: for box g, output unit o, input i and sample s, in the compute dtype,
 
-        lo[g, o, i, s] = d_lo[g, o, s] a+[i, s] + d_hi[g, o, s] a-[i, s]
-        hi[g, o, i, s] = d_hi[g, o, s] a+[i, s] + d_lo[g, o, s] a-[i, s]
+    * an exact input a (the data, or exact features), ``a_hi`` None, with a+ = max(a, 0)
+      and a- = min(a, 0):
 
-    in the compute dtype (the four-corner rule of an interval times a number; exactly one of
-    the two products is non-zero, so each bound is one rounded product, and ``d`` is
-    widened so that this rounding stays outward, `agt.interval.product_factor`).
+            lo[g, o, i, s] = d_lo[g, o, s] a+[i, s] + d_hi[g, o, s] a-[i, s]
+            hi[g, o, i, s] = d_hi[g, o, s] a+[i, s] + d_lo[g, o, s] a-[i, s]
+
+      (exactly one of the two products is non-zero, so each bound is one rounded product);
+    * an interval input [a, a_hi] (a hidden layer's activations, or features of a prefix
+      computed with rounding): lo (hi) = the least (greatest) of the four corner products
+      d_lo a, d_lo a_hi, d_hi a and d_hi a_hi.
+
+    ``d`` is widened so that each product's rounding stays outward
+    (`agt.interval.product_factor`); this is the interval product of Moore's four-corner
+    rule with that rounding.
 
     O(b (in + G out)) numbers for the b G out in bounds: a consumer that computes the bounds
     where it uses them (`agt.topk.DescentAccumulator.add_outer`) never writes them to
@@ -57,15 +64,25 @@ class OuterBounds:
     Attributes:
         d_lo: (G, out, b) lower bounds of the widened output gradient, compute dtype.
         d_hi: (G, out, b) upper bounds.
-        a: (in, b) the exact input, compute dtype."""
+        a: the exact input (in, b), or the input's lower bounds (G or 1, in, b).
+        a_hi: None, or the input's upper bounds (G or 1, in, b)."""
 
     d_lo: torch.Tensor
     d_hi: torch.Tensor
     a: torch.Tensor
+    a_hi: torch.Tensor | None = None
 
     @property
     def n_samples(self) -> int:
         return int(self.a.shape[-1])
+
+    @property
+    def exact(self) -> bool:
+        return self.a_hi is None
+
+    @property
+    def in_features(self) -> int:
+        return int(self.a.shape[-2])
 
     @cached_property
     def _a_parts(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,12 +90,18 @@ class OuterBounds:
 
     def values(self, start: int, stop: int) -> Interval:
         """The bounds of output rows [start, stop): Interval (G, (stop - start) * in, b)."""
-        a_pos, a_neg = self._a_parts                                    # (1, in, b)
         dl = self.d_lo[:, start:stop].unsqueeze(2)                      # (G, rows, 1, b)
         dh = self.d_hi[:, start:stop].unsqueeze(2)
-        # exactly one of the two products is non-zero: no extra rounding
-        lo = (dl * a_pos).addcmul_(dh, a_neg)
-        hi = (dh * a_pos).addcmul_(dl, a_neg)
+        if self.a_hi is None:
+            a_pos, a_neg = self._a_parts                                # (1, in, b)
+            # exactly one of the two products is non-zero: no extra rounding
+            lo = (dl * a_pos).addcmul_(dh, a_neg)
+            hi = (dh * a_pos).addcmul_(dl, a_neg)
+        else:
+            a_lo, a_hi = self.a.unsqueeze(-3), self.a_hi.unsqueeze(-3)  # (G|1, 1, in, b)
+            p1, p2, p3, p4 = dl * a_lo, dl * a_hi, dh * a_lo, dh * a_hi
+            lo = torch.minimum(torch.minimum(p1, p2), torch.minimum(p3, p4))
+            hi = torch.maximum(torch.maximum(p1, p2), torch.maximum(p3, p4))
         g, b = lo.shape[0], lo.shape[-1]
         return Interval(lo.reshape(g, -1, b), hi.reshape(g, -1, b))
 
@@ -156,24 +179,14 @@ class LinearRule:
         d_wide = iv.to_dtype_outward(iv.product_factor(delta, fm), cdtype)
         d_lo = d_wide.lo.transpose(1, 2).contiguous()                     # (G, out, b)
         d_hi = d_wide.hi.transpose(1, 2).contiguous()
-        outer = None
         if isinstance(a, Interval):
             a_c = iv.to_dtype_outward(a, cdtype)
-            a_lo = a_c.lo.transpose(-1, -2).contiguous().unsqueeze(-3)    # (G|1, 1, in, b)
-            a_hi = a_c.hi.transpose(-1, -2).contiguous().unsqueeze(-3)
+            outer = OuterBounds(d_lo, d_hi, a_c.lo.transpose(-1, -2).contiguous(),
+                                a_c.hi.transpose(-1, -2).contiguous())     # (G|1, in, b)
         else:
             outer = OuterBounds(d_lo, d_hi, a.to(cdtype).transpose(0, 1).contiguous())
 
-        def weight(start, stop):
-            if outer is not None:
-                return outer.values(start, stop)
-            dl, dh = d_lo[:, start:stop].unsqueeze(2), d_hi[:, start:stop].unsqueeze(2)
-            p1, p2, p3, p4 = dl * a_lo, dl * a_hi, dh * a_lo, dh * a_hi
-            lo = torch.minimum(torch.minimum(p1, p2), torch.minimum(p3, p4))
-            hi = torch.maximum(torch.maximum(p1, p2), torch.maximum(p3, p4))
-            return Interval(lo.reshape(g, -1, b), hi.reshape(g, -1, b))
-
-        sources = {"weight": GradSource.bounds(out_f, in_f, weight, outer)}
+        sources = {"weight": GradSource.bounds(out_f, in_f, outer.values, outer)}
         if "bias" in p:
             bias_grad = iv.to_dtype_outward(delta, cdtype).map(
                 lambda t: t.transpose(1, 2).contiguous())

@@ -194,25 +194,36 @@ def test_retraining_attack_on_the_kernel_path(monkeypatch):
 
 
 def outer_factors(rng: np.random.Generator, groups: int, out_f: int, in_f: int, b: int,
-                  dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  dtype, input_groups: int = 0) -> tuple:
     """Factors of `OuterBounds`: d_lo <= d_hi with signs of every kind, some large enough to
-    saturate the clamp, exact zeros; an input with zeros, signed zeros and ties."""
+    saturate the clamp, exact zeros; an input with zeros, signed zeros and ties: exact
+    (``input_groups`` 0: a, None) or an interval per input box (a_lo <= a_hi, (A, in, b),
+    some of zero width, some across zero)."""
     d = rng.normal(size=(2, groups, out_f, b)) * rng.choice([0.05, 0.5, 3.0], size=(1, 1, out_f, 1))
     d[:, :, :, ::7] = 0.0
     d_lo, d_hi = d.min(0), d.max(0)
-    a = np.where(rng.random((in_f, b)) < 0.2, rng.choice([0.0, -0.0, 1.0, -1.0], size=(in_f, b)),
-                 rng.normal(size=(in_f, b)))
-    return d_lo.astype(dtype), d_hi.astype(dtype), a.astype(dtype)
+    shape = (in_f, b) if input_groups == 0 else (input_groups, in_f, b)
+    a = np.where(rng.random(shape) < 0.2, rng.choice([0.0, -0.0, 1.0, -1.0], size=shape),
+                 rng.normal(size=shape))
+    a_hi = None
+    if input_groups:
+        a_hi = a + np.where(rng.random(shape) < 0.3, 0.0, np.abs(rng.normal(size=shape)))
+        a_hi = a_hi.astype(dtype)
+    return d_lo.astype(dtype), d_hi.astype(dtype), a.astype(dtype), a_hi
+
+
+def as_outer(d_lo, d_hi, a, a_hi):
+    from agt.bounded.layers import OuterBounds
+
+    return OuterBounds(torch.from_numpy(d_lo), torch.from_numpy(d_hi), torch.from_numpy(a),
+                       None if a_hi is None else torch.from_numpy(a_hi))
 
 
 def clamped_sums(fragments, gamma: float, dtype) -> tuple[np.ndarray, np.ndarray]:
     """Exact (math.fsum) sums of the clamped materialised bounds, per box and row."""
-    from agt.bounded.layers import OuterBounds
-
     per_lo, per_hi = [], []
-    for d_lo, d_hi, a in fragments:
-        values = OuterBounds(torch.from_numpy(d_lo), torch.from_numpy(d_hi),
-                             torch.from_numpy(a)).values(0, d_lo.shape[1])
+    for factors in fragments:
+        values = as_outer(*factors).values(0, factors[0].shape[1])
         per_lo.append(values.lo.clamp(-gamma, gamma).double().numpy())
         per_hi.append(values.hi.clamp(-gamma, gamma).double().numpy())
     lo, hi = np.concatenate(per_lo, -1), np.concatenate(per_hi, -1)
@@ -223,31 +234,32 @@ def clamped_sums(fragments, gamma: float, dtype) -> tuple[np.ndarray, np.ndarray
 def run_outer(fragments, sizes, gamma, outer: bool, dtype):
     """A DescentAccumulator fed `OuterBounds` fragments: through add_outer (compiled, kept
     until read) or through add of their materialised values (the plain path)."""
-    from agt.bounded.layers import OuterBounds
     from agt.topk import DescentAccumulator
 
     groups = len(sizes)
-    P = fragments[0][0].shape[1] * fragments[0][2].shape[0]
+    P = fragments[0][0].shape[1] * fragments[0][2].shape[-2]
     acc = DescentAccumulator(groups, P, sizes, gamma, torch.device("cpu"), dtype)
-    for d_lo, d_hi, a in fragments:
-        factors = OuterBounds(torch.from_numpy(d_lo), torch.from_numpy(d_hi), torch.from_numpy(a))
+    for parts in fragments:
+        factors = as_outer(*parts)
         if outer:
             assert acc.takes_outer(factors)
             acc.add_outer(factors)
         else:
-            acc.add(0, P, factors.values(0, d_lo.shape[1]))
-        acc.samples_seen(a.shape[1])
+            acc.add(0, P, factors.values(0, parts[0].shape[1]))
+        acc.samples_seen(factors.n_samples)
     acc.flush()
     return acc
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("defer", [1, 1 << 30])
-def test_outer_merge_keeps_what_the_materialised_bounds_keep(monkeypatch, dtype, defer):
+@pytest.mark.parametrize("inputs", ["exact", "interval-shared", "interval-per-box"])
+def test_outer_merge_keeps_what_the_materialised_bounds_keep(monkeypatch, dtype, defer, inputs):
     """Factored bounds merged by the kernel (every fragment at once, or each on its own with
     a 1-byte deferral) leave the buffers holding exactly the multisets that merging their
     materialised values leaves, per box (k = 0, k within the batch, k beyond it: the fill
-    stays), with shared (G = 1) and per-box factors; the sums are float64 sums of the
+    stays), with shared (G = 1) and per-box factors, for an exact input and for interval
+    inputs (one shared by every box, or one per box); the sums are float64 sums of the
     clamped bounds (against math.fsum: the plain path's float32 blocks would add their own
     rounding)."""
     ndtype = np.float32 if dtype == torch.float32 else np.float64
@@ -257,9 +269,10 @@ def test_outer_merge_keeps_what_the_materialised_bounds_keep(monkeypatch, dtype,
         out_f, in_f = int(rng.integers(1, 5)), int(rng.integers(1, 7))
         sizes = [0, int(rng.integers(1, 30)), 600]
         shared = case % 2 == 0
+        input_groups = {"exact": 0, "interval-shared": 1, "interval-per-box": len(sizes)}[inputs]
         widths = [int(w) for w in rng.integers(1, 200, size=int(rng.integers(1, 4)))]
-        fragments = [outer_factors(rng, 1 if shared else len(sizes), out_f, in_f, w, ndtype)
-                     for w in widths]
+        fragments = [outer_factors(rng, 1 if shared else len(sizes), out_f, in_f, w, ndtype,
+                                   input_groups) for w in widths]
         gamma = float(rng.choice([0.05, 0.4, 2.0]))
         got = run_outer(fragments, sizes, gamma, True, dtype)
         monkeypatch.setattr(topk_mod, "FUSED_ON_CPU", False)
@@ -277,18 +290,22 @@ def test_outer_merge_keeps_what_the_materialised_bounds_keep(monkeypatch, dtype,
             assert np.abs(mine.numpy() - exact).max() <= tol, case
 
 
-def test_outer_merge_propagates_nan_like_the_materialised_bounds():
+@pytest.mark.parametrize("input_groups", [0, 1])
+def test_outer_merge_propagates_nan_like_the_materialised_bounds(input_groups):
     """A NaN input (and an infinite d times a zero input) gives NaN bounds on both paths: the
-    rows it reaches get NaN sums, in the same rows."""
+    rows it reaches get NaN sums, in the same rows (exact and interval inputs)."""
     rng = np.random.default_rng(8)
-    d_lo, d_hi, a = outer_factors(rng, 1, 3, 4, 90, np.float32)
-    a[2, 5] = np.nan
+    d_lo, d_hi, a, a_hi = outer_factors(rng, 1, 3, 4, 90, np.float32, input_groups)
+    a[..., 2, 5] = np.nan
     d_hi[0, 1, 7] = np.inf
-    a[:, 7] = 0.0
-    got = run_outer([(d_lo, d_hi, a)], [5], 0.5, True, torch.float32)
+    a[..., :, 7] = 0.0
+    if a_hi is not None:
+        a_hi[..., :, 7] = 0.0
+    parts = [(d_lo, d_hi, a, a_hi)]
+    got = run_outer(parts, [5], 0.5, True, torch.float32)
     topk_mod.FUSED_ON_CPU, saved = False, topk_mod.FUSED_ON_CPU
     try:
-        want = run_outer([(d_lo, d_hi, a)], [5], 0.5, False, torch.float32)
+        want = run_outer(parts, [5], 0.5, False, torch.float32)
     finally:
         topk_mod.FUSED_ON_CPU = saved
     for mine, theirs in ((got.sum_lo, want.sum_lo), (got.sum_hi, want.sum_hi)):
@@ -297,12 +314,10 @@ def test_outer_merge_propagates_nan_like_the_materialised_bounds():
 
 
 def test_outer_accumulator_refuses_a_second_add_before_samples_seen():
-    from agt.bounded.layers import OuterBounds
     from agt.errors import SoundnessError
     from agt.topk import DescentAccumulator
 
-    d_lo, d_hi, a = outer_factors(np.random.default_rng(9), 1, 2, 3, 10, np.float32)
-    factors = OuterBounds(torch.from_numpy(d_lo), torch.from_numpy(d_hi), torch.from_numpy(a))
+    factors = as_outer(*outer_factors(np.random.default_rng(9), 1, 2, 3, 10, np.float32))
     acc = DescentAccumulator(1, 6, 3, 0.5, torch.device("cpu"), torch.float32)
     acc.add_outer(factors)
     with pytest.raises(SoundnessError, match="twice"):
@@ -316,11 +331,11 @@ def test_outer_accumulator_refuses_a_second_add_before_samples_seen():
 LOSSY_OUTER_CALLS = []
 
 
-def lossy_outer(d_lo, d_hi, a, inputs, buf_lo, buf_hi, sum_lo, sum_hi, gamma):
+def lossy_outer(d_lo, d_hi, a, a_hi, inputs, buf_lo, buf_hi, sum_lo, sum_hi, gamma):
     """merge_outer followed by a bug: each of its rows' buffered values all replaced by the
     worst of them (a merge that keeps one value)."""
-    topk_kernel.__dict__["_real_outer"](d_lo, d_hi, a, inputs, buf_lo, buf_hi, sum_lo, sum_hi,
-                                        gamma)
+    topk_kernel.__dict__["_real_outer"](d_lo, d_hi, a, a_hi, inputs, buf_lo, buf_hi, sum_lo,
+                                        sum_hi, gamma)
     if buf_lo is None:
         return
     LOSSY_OUTER_CALLS.append(inputs)
