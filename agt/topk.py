@@ -63,11 +63,11 @@ allowance of the worst batch size within distance k (`nesting_allowance`). The p
 * Factored bounds (`DescentAccumulator.add_outer`). A linear layer hands over its
   per-sample weight bounds as factors (`agt.bounded.layers.OuterBounds`: the widened
   output gradient and the input, exact or an interval; O(b (in + G out)) numbers for
-  2 G out in b bounds). The compiled merge computes each row's bounds where it merges them, so none
-  is written to memory (the IMDB-like benchmark's first layer: 6.1 GB of bounds written
-  and read per box and step before), and the factors of several fragments are kept and
-  merged at once: a buffer's k values meet a selection once per merge, not once per
-  fragment. The bounds are the ones `OuterBounds.values` gives, value for value, so the
+  2 G out in b bounds). The compiled merge computes each row's bounds where it merges
+  them, so none is written to memory (the IMDB-like benchmark's first layer: 6.1 GB of
+  bounds written and read per box and step before), and the factors of several fragments
+  are kept and merged at once: a buffer's k values meet a selection once per merge, not
+  once per fragment. The bounds are the ones `OuterBounds.values` gives, value for value, so the
   multisets are those of the path above (the merge lemma holds in any grouping).
 
 Ideas of the issue not kept (benchmarks/bench_imdb.py, bench_heatmap.py): thresholds from the
@@ -428,9 +428,9 @@ class DescentAccumulator:
                 and outer.d_lo.shape[0] in groups and self._fused(outer.a))
 
     def add_outer(self, outer) -> None:
-        """Add one fragment's per-sample weight bounds of a linear layer with an exact input,
-        given as factors (`agt.bounded.layers.OuterBounds`, all rows; `takes_outer` must
-        hold), then call `samples_seen` as after `add`.
+        """Add one fragment's per-sample weight bounds of a linear layer, given as factors
+        (`agt.bounded.layers.OuterBounds`, all rows; `takes_outer` must hold), then call
+        `samples_seen` as after `add`.
 
         The factors are kept until `flush` (at the latest when the bounds are read, or
         when they hold DEFER_BYTES): one compiled merge then computes each row's bounds
