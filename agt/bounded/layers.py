@@ -169,13 +169,11 @@ class LinearRule:
 
     def backward_bounds(self, layer, p, a: Act, delta: Interval, fm, need_input_grad):
         grad_in = iv.matmul(delta, p["weight"], fm) if need_input_grad else None
-        g, b, out_f = delta.shape
+        out_f = delta.shape[-1]
         in_f = p["weight"].shape[-1]
         cdtype = fm.nominal_dtype
-        # Per-sample outer products delta_i a_i^T, laid out (G, rows, in, b) and computed in
-        # the nominal dtype: delta is widened so each rounded product stays a bound
-        # (iv.product_factor), exact inputs split into positive and negative parts make the
-        # four-corner rule two products per bound.
+        # per-sample outer products delta_i a_i^T as their factors (OuterBounds), in the
+        # nominal dtype: delta is widened so each rounded product stays a bound
         d_wide = iv.to_dtype_outward(iv.product_factor(delta, fm), cdtype)
         d_lo = d_wide.lo.transpose(1, 2).contiguous()                     # (G, out, b)
         d_hi = d_wide.hi.transpose(1, 2).contiguous()
