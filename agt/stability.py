@@ -112,7 +112,7 @@ placements of k on the right. The relative slack s and the per-unit-k slack xi a
 float64 rounding of the recursion (1e-12 relative per step), of the norms and of beta
 (a gamma_m of float64 sums of m <= max(n, P) terms each, P the parameter count: below s/10
 while max(n, P) <= MAX_TERMS, about 9e5, which `StabilityProblem.build` checks) and the
-rounding of the certifier's margin at the centre (agt/certify.py,
+rounding of the certifier's margin at the centre (agt/certify/certifier.py,
 `Certifier._ball_certified`), whose test is then isotone under this inclusion. Add-remove
 is not covered (the divisor b_t and the batch slots change): stability bundles certify
 replace-one only.

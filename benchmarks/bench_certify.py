@@ -4,7 +4,7 @@ head (frozen conv prefix, dense head 3200-100-1) per stage.
     python benchmarks/bench_certify.py [--queries 1000000] [--repeats 3] [--octmnist 2000]
 
 Blobs (configs/blobs.yaml, a linear 6-2 model): the screened binary search (the default,
-agt/margin_screen.py) against the same search with the screen switched off and, on 10,000
+agt/certify/margin_screen.py) against the same search with the screen switched off and, on 10,000
 queries, the linear scan; all three must give the same radii. OctMNIST head (generated
 28 x 28 images, a random frozen prefix, configs/octmnist.yaml's k grid, a bundle trained on
 300 images: the certifier's cost depends on the model and the grid, not on n): the prefix's

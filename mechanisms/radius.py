@@ -1,6 +1,6 @@
 """Releases that spend the certified radius directly (any number of classes).
 
-The stability radius r of a query (agt/certify.py: the grid index of the largest certified
+The stability radius r of a query (agt/certify/: the grid index of the largest certified
 box, -1 where not even k = 0 certifies; for an ensemble the min-cost radius R >= 0 of
 mechanisms/ensemble.py) has two properties, for neighbouring datasets D, D' (under the
 relations the certificates hold under, and for selection rules with a nesting proof):

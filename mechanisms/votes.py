@@ -3,7 +3,7 @@
 The private dataset D is split into T disjoint parts; teacher t is trained on part t only
 (agt/ensemble/partition.py assigns records by index, so under the *replace-one* relation one record
 change touches one teacher). At a query x teacher t votes v_t in {0, ..., C-1} and is stable
-at its radius r_t (agt/certify.py; -1 where not even k = 0 certifies, used here as 0: a vote
+at its radius r_t (agt/certify/; -1 where not even k = 0 certifies, used here as 0: a vote
 is always stable at distance 0). Everything below the mechanism classes is a pure function
 of the (Q, T) vote and radius arrays; the mechanism objects are the only code that draws
 noise, and the ledger calls them after recording the spend.

@@ -42,7 +42,7 @@ class EnsembleCertificate:
 
 
 class EnsembleCertifier:
-    """Certify queries against every teacher (agt/certify.py)."""
+    """Certify queries against every teacher (agt/certify/)."""
 
     def __init__(self, ensemble: Ensemble, device: str = "cpu", training_data=None):
         """``training_data``: the ensemble's whole training split; every teacher (a linear

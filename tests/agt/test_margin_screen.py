@@ -1,6 +1,7 @@
-"""The linear margin screen decides exactly as the reference box test (agt/margin_screen.py):
-its error bar holds without its safety factor, queries placed on the decision boundary are
-sent to the reference, and a screen with too small an error bar is caught."""
+"""The linear margin screen decides exactly as the reference box test
+(agt/certify/margin_screen.py): its error bar holds without its safety factor, queries placed
+on the decision boundary are sent to the reference, and a screen with too small an error
+bar is caught."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 import torch
 
 from agt.certify import Certifier
+from agt.certify.margin_screen import SAFETY
 from agt.data import load_dataset
 from agt.interval import Interval
-from agt.margin_screen import SAFETY
 from agt.store import from_result
 from agt.training import train
 from tests.helpers import LOGISTIC, LOGISTIC_CE, blobs, config

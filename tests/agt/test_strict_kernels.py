@@ -84,7 +84,7 @@ def test_training_and_certifying_run_under_strict_kernels(monkeypatch):
 
     # (agt.certify the attribute is the function; the module is in sys.modules)
     spy(importlib.import_module("agt.training"))
-    spy(importlib.import_module("agt.certify"))
+    spy(importlib.import_module("agt.certify.certifier"))
     ds = blobs(n=200)
     steps = []
     with lax_switches() as lax:
@@ -93,7 +93,7 @@ def test_training_and_certifying_run_under_strict_kernels(monkeypatch):
         cert = Certifier(from_result(res)).certify(ds.x_test[:5])
         assert switches() == lax
     assert steps and all(s == IEEE for s in steps)
-    assert seen == [("agt.training", "cpu"), ("agt.certify", "cpu")]
+    assert seen == [("agt.training", "cpu"), ("agt.certify.certifier", "cpu")]
     assert cert.max_certified_k is not None
 
 

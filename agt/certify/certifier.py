@@ -1,34 +1,17 @@
-"""Query-time certification: the largest certified stable distance k* per query.
+"""The certifier: per query, the largest grid index whose box certifies the served class.
 
-A prediction is *certified at k* (paper Def. 4.1, Lemma 4.4) when every parameter in the
-k-box gives the same class *and* that class equals the one the served nominal model
-releases. Binary (one logit z): class 1 needs z_L > 0, class 0 needs z_U < 0. Multi-class:
-for the released class c and every j != c, the margin z_c - z_j, bounded directly through
-the last linear layer as ((W_c - W_j) h + b_c - b_j) over the box, must have a positive
-lower bound (tighter than comparing separate logit intervals). Logit boxes are widened for
-the rounding of the served float computation, so "certified" speaks about the model the
-served code would compute on any dataset within distance k.
-
-Stability radius r (what the mechanisms spend; the smooth bound must itself be smooth,
-docs/design.md): the *index* j of the largest certified grid value g_j (agt/kgrid.py): k* itself on
-a contiguous grid {0, 1, ..., K}, and -1 (like k*) where not even the k = 0 box certifies.
-It drops by at most 1 between neighbouring datasets when the bounds come from a selection
-rule with a nesting proof (`Certificate.smooth_radii`).
-
-A Certificate is owner-only (radii are deterministic functions of the private data); it
-carries the provenance a release needs (the protected dataset's hash, the relations the
-bounds hold under, whether the radii are smooth), and `mechanisms.Certified.from_certificate`
-turns it into the inputs of `Ledger.release`, the only way to a released label.
-
-Search: boxes are nested in k (validated on load), so certification is monotone in k and a
-binary search over the grid per query finds k* in O(log K) interval passes; a linear scan
-(`certify_linear`) is kept as the reference it is tested against.
+`Certifier.certify` runs a binary search over the grid per query (boxes are nested in k,
+validated on load, so certification is monotone in k); each step asks one test per query,
+`_certified`, which is the reference (the box test `margin_lower_bound`, or'd with the
+stability ball and the trajectory test where the bundle has them, and'd with the overflow
+test). A screen (agt/certify/margin_screen.py) may answer a step in its place only where it
+is proven to give the reference's answer; `certify_linear` scans every box in order and is
+the reference the search is tested against.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -36,9 +19,10 @@ import torch
 from agt import interval as iv
 from agt.bounded.layers import rule_for
 from agt.bounded.network import Network
+from agt.certify.certificate import Certificate
+from agt.certify.margin_screen import LinearMarginScreen
 from agt.errors import BundleError, DataError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
-from agt.margin_screen import LinearMarginScreen
 from agt.stability import parameter_norm
 from agt.store import Bundle
 from agt.tensors import overflow_limit, predicted_classes, strict_kernels, torch_dtype
@@ -51,26 +35,6 @@ _SCREEN_CHUNK = 1 << 16       # queries per chunk of the screened search
 _SCREEN_ELEMENTS = 1 << 23    # its per-query tensors are small: (2 in, C) columns
 _SCREEN_SLOTS = 16            # reference tests per screened step, padded
 _U64 = 2.0**-53
-
-
-@dataclass(frozen=True)
-class Certificate:
-    prediction: np.ndarray          # (Q,) int64: the served nominal model's class
-    max_certified_k: np.ndarray | None   # (Q,) int64: largest certified grid value, -1 if none
-    radius: np.ndarray | None       # (Q,) int64: stability radius (grid index, -1 if none)
-    k_values: tuple[int, ...]
-    contiguous: bool
-    n_classes: int = 2
-    source_id: str = ""             # the bundle's id
-    dataset_sha256: str = ""        # the private dataset releases from it spend privacy of
-    relations: tuple[str, ...] = ("replace-one",)
-    smooth_radii: bool = True       # radii from a selection rule with a nesting proof
-    selection: str = "exact"
-
-    def certified_fraction(self) -> dict[int, float]:
-        """Fraction of queries certified at each k of the grid."""
-        q = max(1, len(self.prediction))
-        return {k: float((self.max_certified_k >= k).sum()) / q for k in self.k_values}
 
 
 class Certifier:
@@ -121,7 +85,7 @@ class Certifier:
             self.ball = torch.as_tensor(bundle.ball_radius, dtype=BOUND_DTYPE, device=self.device)
             self.center_norm = parameter_norm({n: self.nominal[n] for n in self.trainable})
         weight = f"{self.last}.weight"
-        #: the linear margin screen (agt/margin_screen.py), built on the first search;
+        #: the linear margin screen (agt/certify/margin_screen.py), built on the first search;
         #: False where the model has none
         self._screen: LinearMarginScreen | bool = (
             not self.prefix.layers and not self.body.layers and self.ball is None
@@ -308,7 +272,7 @@ class Certifier:
 
     def _screened_test(self, feats, pred: torch.Tensor, x_mag: torch.Tensor):
         """The test `_certified(feats, pred, j, x_mag)` as a function of j, through the
-        linear screen where the model allows one (agt/margin_screen.py): the same decisions,
+        linear screen where the model allows one (agt/certify/margin_screen.py): the same decisions,
         with only the pairs the screen cannot tell sent to the reference. Those go in a
         fixed number of padded slots per step, so the work per step does not depend on the
         data unless more than `_SCREEN_SLOTS` pairs of a chunk sit within the screen's error
