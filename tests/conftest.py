@@ -32,3 +32,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+#: test files that run for minutes on one worker (the tutorials run as printed, the quick
+#: studies): started first, so that the other worker fills the time beside them instead of
+#: idling while one of them finishes last (longest-first scheduling of `--dist loadfile`)
+_LONG_FILES = ("tests/test_docs.py", "tests/experiments/test_experiments.py",
+               "tests/experiments/test_tradeoffs.py", "tests/experiments/test_pate_table.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return _LONG_FILES.index(path) if path in _LONG_FILES else len(_LONG_FILES)
+
+    items.sort(key=rank)      # stable: the order inside each group is kept
