@@ -233,6 +233,8 @@ def output_law(mechanism, inputs) -> dict[tuple[int, ...], float] | None:
     except (NotImplementedError, AttributeError):
         return None
     refused = np.clip(1.0 - per_label.sum(axis=1), 0.0, 1.0)
+    # a rest below 1e-12 is the rounding of a law without refusals, not a refusal
+    refused = np.where(refused < 1e-12, 0.0, refused)
     law = np.concatenate([refused[:, None], per_label], axis=1)         # labels -1..C-1
     joint = {(): 1.0}
     for i in range(q):

@@ -134,3 +134,24 @@ def test_bad_arguments_are_refused():
         audit(ExponentialRadius(1.0), a, certified([(1, 0), (1, 0)]))
     with pytest.raises(ConfigError, match="protocol"):
         audit(object(), a, b)
+
+
+def test_the_literal_r_for_r_plus_1_utility_is_still_eps_dp():
+    """The docs' claim: exp-radius with utility -r (not -(r + 1)) is noisier, not leakier;
+    its exact loss over every neighbouring pair stays eps (so the planted bug reads the
+    radius one too high instead)."""
+    from mechanisms.audit.cases import certified_pairs
+    from mechanisms.radius import exp_probabilities
+
+    for c in (2, 3, 10):
+        for eps in (0.1, 1.0, 3.0):
+            worst = max(exact_loss(exp_probabilities(p.first.prediction, p.first.radius - 1,
+                                                     eps, c)[0],
+                                   exp_probabilities(p.second.prediction, p.second.radius - 1,
+                                                     eps, c)[0], 0.0)
+                        for p in certified_pairs(c, max_radius=12))
+            assert worst <= eps * (1 + 1e-9)
+            # reading the radius one too high doubles it at the different-answer pair
+            high = exact_loss(exp_probabilities(np.array([0]), np.array([1]), eps, c)[0],
+                              exp_probabilities(np.array([1]), np.array([1]), eps, c)[0], 0.0)
+            assert high == pytest.approx(2 * eps)
