@@ -43,7 +43,7 @@ from mechanisms.audit.stats import (
 from mechanisms.base import REFUSED
 from mechanisms.guarantee import Guarantee
 
-__all__ = ["AuditResult", "audit", "claim_for", "output_law", "outcome_codes"]
+__all__ = ["AuditResult", "audit", "claim_for", "output_law", "query_laws", "outcome_codes"]
 
 #: queries per release call when per-query inputs are repeated (memory stays small)
 BATCH_QUERIES = 200_000
@@ -227,20 +227,34 @@ def output_law(mechanism, inputs) -> dict[tuple[int, ...], float] | None:
     c, q = inputs.n_classes, inputs.n_queries
     if not getattr(mechanism, "per_query", True) and q > 1:
         return None
+    law = query_laws(mechanism, inputs)
+    if law is None:
+        return None
+    joint = {(): 1.0}
+    for i in range(q):
+        joint = {key + (y - 1,): p * float(law[i, y]) for key, p in joint.items()
+                 for y in range(c + 1) if law[i, y] > 0}
+    return joint
+
+
+def query_laws(mechanism, inputs) -> NDArray[np.float64] | None:
+    """(Q, C + 1): P(query i's label = y) for y = REFUSED, 0, ..., C - 1, from
+    `correct_probability` (REFUSED takes the rest; a rest below 1e-12 is the rounding of a
+    law without refusals). None where the mechanism states no exact probabilities.
+
+    Args:
+        mechanism: the mechanism.
+        inputs: its inputs.
+    """
+    c, q = inputs.n_classes, inputs.n_queries
     try:
         per_label = np.stack([mechanism.correct_probability(inputs, np.full(q, y))
                               for y in range(c)], axis=1)              # (Q, C)
     except (NotImplementedError, AttributeError):
         return None
     refused = np.clip(1.0 - per_label.sum(axis=1), 0.0, 1.0)
-    # a rest below 1e-12 is the rounding of a law without refusals, not a refusal
     refused = np.where(refused < 1e-12, 0.0, refused)
-    law = np.concatenate([refused[:, None], per_label], axis=1)         # labels -1..C-1
-    joint = {(): 1.0}
-    for i in range(q):
-        joint = {key + (y - 1,): p * float(law[i, y]) for key, p in joint.items()
-                 for y in range(c + 1) if law[i, y] > 0}
-    return joint
+    return np.concatenate([refused[:, None], per_label], axis=1)
 
 
 def _exact(mechanism, inputs, neighbour, delta: float) -> float | None:

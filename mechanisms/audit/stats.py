@@ -54,22 +54,15 @@ def clopper_pearson_lower(k: ArrayLike, n: int, alpha: float) -> NDArray[np.floa
 
 
 def clopper_pearson_upper(k: ArrayLike, n: int, alpha: float) -> NDArray[np.float64]:
-    """One-sided upper Clopper-Pearson bound on a binomial proportion.
+    """One-sided upper Clopper-Pearson bound, Beta^-1(1 - alpha; k + 1, n - k) (1 where
+    k = n): by the Beta law's symmetry, 1 - the lower bound on the failures n - k.
 
     Args:
         k: successes (array of integers in [0, n]).
         n: trials.
         alpha: the bound fails with probability at most alpha.
-
-    Returns:
-        Beta^-1(1 - alpha; k + 1, n - k), 1 where k = n.
     """
-    from scipy.stats import beta
-
-    k = np.asarray(k, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        out = beta.ppf(1.0 - alpha, k + 1.0, np.maximum(n - k, 1.0))
-    return np.where(k < n, out, 1.0)
+    return 1.0 - clopper_pearson_lower(n - np.asarray(k, dtype=np.float64), n, alpha)
 
 
 def epsilon_lower_bound(k_p: ArrayLike, k_q: ArrayLike, n: int, delta: float,
