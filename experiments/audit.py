@@ -108,7 +108,10 @@ def audit_dataset(mechanism, config, dataset, *, relation: str = "replace-one",
         plant: how the replaced record is made ("label-flip" or "boundary").
         index: the record changed.
         n_teachers: train ensembles of this size (Votes inputs) instead of one model.
-        samples, seed, confidence, progress: as `mechanisms.audit.audit`.
+        samples: releases per side (as `mechanisms.audit.audit`).
+        seed: the audit's seed.
+        confidence: 1 - the false-alarm probability.
+        progress: show progress bars.
 
     Returns:
         The AuditResult; its `extra` names the neighbour, the query and the certified

@@ -122,7 +122,8 @@ def predicted_bound(p: dict, q: dict, delta: float, samples: int,
     likelihood-ratio events of both directions.
 
     Args:
-        p, q: {outcome: probability}.
+        p: the first law, {outcome: probability}.
+        q: the second law.
         delta: the claim's delta.
         samples: releases per side.
         confidence: the audit's confidence.

@@ -56,7 +56,8 @@ class AuditResult:
     Attributes:
         mechanism: the audited mechanism's name.
         relation: the neighbouring relation the claim is stated under.
-        claim_epsilon, claim_delta: the claimed guarantee for one release of all queries.
+        claim_epsilon: the claimed eps for one release of all queries.
+        claim_delta: the claimed delta for it.
         lower_bound: eps_lo at `confidence` (stats.py).
         confidence: 1 - the false-alarm probability.
         violated: lower_bound > claim_epsilon.
@@ -64,12 +65,16 @@ class AuditResult:
         n_queries: queries per release.
         seconds: wall time of the audit.
         outcomes: the outcomes seen, each a tuple of labels (-1 = REFUSED).
-        frequencies_a, frequencies_b: their empirical frequencies over all samples per side.
-        event: the chosen event's outcomes; event_first: True when it favours the first input.
-        p_lower, q_upper: the evaluation half's Clopper-Pearson bounds on it.
+        frequencies_a: their empirical frequencies over the first input's samples.
+        frequencies_b: the same over the neighbour's.
+        event: the chosen event's outcomes.
+        event_first: True when the event favours the first input.
+        p_lower: the evaluation half's lower Clopper-Pearson bound on the favoured side.
+        q_upper: its upper bound on the other side.
         exact_loss: the exact label-channel loss of these inputs at claim_delta where the
             mechanism states its law (`output_law`), else None.
         seed: the audit's seed.
+        extra: what the caller adds (the sweep: the change audited, the predicted bound).
     """
 
     mechanism: str
@@ -136,7 +141,8 @@ def claim_for(mechanism, inputs, neighbour, relation: str) -> Guarantee:
 
     Args:
         mechanism: the mechanism (registry protocol).
-        inputs, neighbour: the two inputs.
+        inputs: the first input.
+        neighbour: the second.
         relation: "replace-one" or "add-remove".
 
     Returns:
