@@ -32,11 +32,11 @@ CASES = {
     "noise scale halved": (HalvedNoise(1.0), GlobalSensitivity(1.0),
                            certified([(0, 0)]), certified([(1, 0)]), None, 1500),
     "composition ignored": (SessionOfExpRadius(1.0), SessionOfExpRadius(1.0, composed=True),
-                            certified([(0, 0)] * 3), certified([(1, 0)] * 3), None, 300),
+                            certified([(0, 0)] * 3), certified([(1, 0)] * 3), None, 500),
     "replace-one claim on add-remove": (
         ReplaceOneOnAddRemove(1.0), ExponentialRadius(1.0),
         certified([(0, 2)], relations=("add-remove",)),
-        certified([(0, 0)], relations=("add-remove",)), "replace-one", 1500),
+        certified([(0, 0)], relations=("add-remove",)), "replace-one", 3000),
     # at eps 2 a step of the threshold multiplies the tail by e^2: 0.37 against delta 0.1
     "ptr threshold one step low": (ThresholdOneStepLow(2.0, 0.1), RadiusPTR(2.0, 0.1),
                                    certified([(0, 0)]), certified([(1, 0)]), None, 1000),
