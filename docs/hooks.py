@@ -21,14 +21,37 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+#: the registry audit's artifact (``agt audit --registry --out ...``)
+AUDIT_ARTIFACT = ROOT / "artifacts" / "audit" / "registry.json"
+
+
+def audited_cell(name: str, audited: dict) -> str:
+    """The audit column's cell: the 95 % lower bound on eps at eps 1 and the exact loss of
+    the audited neighbours, from the registry audit's artifact; "not audited" where the
+    artifact has no entry."""
+    row = audited.get(name)
+    if row is None:
+        return "not audited"
+    bound = row["lower_bound"]
+    exact = row.get("exact_loss")
+    cell = f"{bound:.2f}" + ("" if exact is None else f" (exact {exact:.2f})")
+    return cell + (" **violated**" if row.get("violated") else "")
+
+
 def mechanism_table() -> str:
-    """The registry, one row per mechanism (`mechanisms.base.describe_registry`)."""
+    """The registry, one row per mechanism (`mechanisms.base.describe_registry`), with the
+    audited lower bound of each at eps 1 (`AUDIT_ARTIFACT`)."""
+    import json
+
     from mechanisms.base import describe_registry
 
+    audited = (json.loads(AUDIT_ARTIFACT.read_text(encoding="utf-8"))["mechanisms"]
+               if AUDIT_ARTIFACT.is_file() else {})
     inputs = {"Certified": "one model", "Votes": "ensemble", "LinearModel": "linear model",
               "PerturbedObjective": "perturbed objective"}
-    lines = ["| name | input | guarantee | classes | spends radii | what it does |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| name | input | guarantee | classes | spends radii | what it does | "
+             "audited lower bound at eps 1 |",
+             "|---|---|---|---|---|---|---|"]
     for m in describe_registry():
         guarantee = ("eps" if m.pure else "(eps, delta)") + \
             (" per query" if m.per_query else " per release")
@@ -36,7 +59,8 @@ def mechanism_table() -> str:
         radii = "yes (smooth)" if m.spends_radii else "no"
         name = f"[`{m.name}`][{m.cls}]"
         lines.append(f"| {name} | {inputs.get(m.inputs, m.inputs)} | {guarantee} | "
-                     f"{classes} | {radii} | {_cell(m.summary)} |")
+                     f"{classes} | {radii} | {_cell(m.summary)} | "
+                     f"{audited_cell(m.name, audited)} |")
     return "\n".join(lines)
 
 

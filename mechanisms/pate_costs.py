@@ -190,10 +190,22 @@ def lnmax_bound(logq: ArrayLike, epsilon: float, order: float) -> NDArray[np.flo
 # ---------------------------------------------------------------------------------------------
 # Monotone envelopes (module docstring): for each q, the smallest bound at grid points >= q
 
+@lru_cache(maxsize=1)
+def _logq_grid() -> NDArray[np.float64]:
+    """The envelope's points in ln q: _LOGQ_MIN + i * _LOGQ_STEP for integer i, the last one
+    0. Built from integer indices, so that point i is the one `_grid_index` means by i (an
+    np.arange with a float step accumulates the step's rounding: its points drifted up to
+    6.7e-10 below the intended ones)."""
+    n = int(round(-_LOGQ_MIN / _LOGQ_STEP)) + 1
+    grid = _LOGQ_MIN + np.arange(n, dtype=np.float64) * _LOGQ_STEP
+    grid[-1] = 0.0
+    grid.setflags(write=False)
+    return grid
+
+
 @lru_cache(maxsize=32)
 def _envelope(kind: str, scale: float, order: float) -> tuple[NDArray[np.float64], float]:
-    grid = np.arange(_LOGQ_MIN, _LOGQ_STEP / 2, _LOGQ_STEP)
-    grid[-1] = 0.0
+    grid = _logq_grid()
     values = (thm6_bound(grid, scale, order) if kind == "gauss"
               else lnmax_bound(grid, scale, order))
     suffix_min = np.minimum.accumulate(values[::-1])[::-1]
@@ -202,12 +214,16 @@ def _envelope(kind: str, scale: float, order: float) -> tuple[NDArray[np.float64
 
 
 def _grid_index(q: ArrayLike) -> NDArray[np.int64]:
-    """The first grid index with grid >= ln q (q = 0 maps to the grid's start: ln q < -740)."""
+    """The first grid index with grid >= ln q (q = 0 maps to the grid's start: ln q < -740).
+    The division's rounding can land one index low; the comparison with the point itself
+    moves such an index up, so that the point read is never below ln q."""
     with np.errstate(divide="ignore"):
         logq = np.log(np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0))
-    n = int(round(-_LOGQ_MIN / _LOGQ_STEP)) + 1
+    grid = _logq_grid()
+    n = len(grid)
     idx = np.ceil((np.maximum(logq, _LOGQ_MIN) - _LOGQ_MIN) / _LOGQ_STEP).astype(np.int64)
-    return np.clip(idx, 0, n - 1)
+    idx = np.clip(idx, 0, n - 1)
+    return np.minimum(idx + (grid[idx] < logq), n - 1)
 
 
 def _monotone_cost(kind: str, scale: float, order: float, q: ArrayLike) -> NDArray[np.float64]:

@@ -145,8 +145,11 @@ def test_release_noise_is_drawn_only_inside_mechanism_objects():
             if module.startswith("mechanisms") and name in NOISE_CALLS \
                     and module not in NOISE_MODULES:
                 problems.append(f"{module}:{call.lineno} draws {name}")
+            # the audit (mechanisms/audit/core.py) draws releases of the mechanism under
+            # test from its own seeded generators to estimate their law: a test bench whose
+            # results are owner-only statistics, never a released label
             if name in ("release", "open_session", "continue_session") and \
-                    module != "mechanisms.ledger":
+                    module not in ("mechanisms.ledger", "mechanisms.audit.core"):
                 owner = ast.unparse(call.func.value)
                 if "ledger" not in owner.lower():
                     problems.append(f"{module}:{call.lineno} calls {owner}.{name} directly")

@@ -4,6 +4,8 @@ boundary of the PATE costs."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -38,7 +40,7 @@ def test_cost_functions_take_q_then_sigma_then_order():
 
 def test_envelope_is_the_bound_at_the_grid_point_above():
     env, _ = _envelope("gauss", 3.0, 4.0)
-    grid = np.arange(-740.0, 0.0025, 0.005)
+    grid = -740.0 + np.arange(148001) * 0.005        # the intended points i * 0.005 - 740
     k = 140000
     assert env[k] <= thm6_bound(grid[k], 3.0, 4.0) + 1e-300
     assert np.all(np.diff(env) >= 0)            # non-decreasing in q
@@ -151,3 +153,25 @@ def test_a_float32_epsilon_is_compared_in_float64():
     assert mech.guarantee("replace-one").epsilon <= float(np.float32(1.0))
     with pytest.raises(PrivacyError):
         make_mechanism("gnmax", np.float32(0.5), 1e-5, sigma=1.0)
+
+
+def test_the_envelope_is_read_at_a_grid_point_at_or_above_q():
+    """The ln-q grid and `_grid_index` agree point by point: at q = exp(-19.5), an intended
+    grid point, an np.arange grid had drifted 6.6e-10 below it, and gnmax's cost was read
+    there (1.6791981667573e-09 against Theorem 6's 1.6791981678262e-09 at sigma 40, order
+    2); the 1e-9 pad on q hid it."""
+    from mechanisms.pate_costs import _grid_index, _logq_grid
+
+    grid = _logq_grid()
+    assert grid[0] == -740.0 and grid[-1] == 0.0 and len(grid) == 148001
+    q = math.exp(-19.5)
+    assert grid[_grid_index(q)] >= math.log(q)
+    assert float(gnmax_cost(q, 40.0, 2.0)) >= float(thm6_bound(np.log(q), 40.0, 2.0))
+    # every intended point i / 200 - 740 (and values just around it) maps to a point >= ln q
+    logq = -740.0 + np.arange(0, 148001, 7) / 200.0
+    logq = np.concatenate([logq, np.nextafter(logq, np.inf), np.nextafter(logq, -np.inf)])
+    logq = logq[(logq <= 0.0) & (logq >= -700.0)]      # normal floats: exp and log invert
+    idx = _grid_index(np.exp(logq))
+    back = np.log(np.exp(logq))              # the ln q the index is computed from
+    assert np.all(grid[idx] >= back)
+    assert np.all(grid[np.maximum(idx - 2, 0)] < back)       # and no coarser than one step
