@@ -66,8 +66,9 @@ from mechanisms.ledger.records import (
     hash_query,
 )
 from mechanisms.ledger.schema import FORMAT_VERSION, LEDGER_ACCOUNTANTS, POSTGRES_FORMAT_VERSION
-from mechanisms.ledger.stores import StoreError, is_url
+from mechanisms.ledger.stores import StoreError, is_url, postgres_ledger_exists
 
 __all__ = ["Ledger", "Release", "LedgerEntry", "AnswerRequest", "Answered", "IdempotencyError",
-           "StoreError", "hash_query", "hash_queries", "default_ledger_path", "is_url",
+           "StoreError", "postgres_ledger_exists", "hash_query", "hash_queries",
+           "default_ledger_path", "is_url",
            "FORMAT_VERSION", "POSTGRES_FORMAT_VERSION", "LEDGER_ACCOUNTANTS"]

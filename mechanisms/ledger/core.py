@@ -415,7 +415,8 @@ def _open_schema(store, name: str, given: dict) -> dict:
         foreign = tables - POSTGRES_TABLES
         what = "a PostgreSQL database"
         want = "the URL of a ledger or of a new, empty database"
-    if foreign or (tables and "ledger_meta" not in tables):
+    # (a database holding only the service's keys, added before the ledger, is not foreign)
+    if foreign or (tables - {"api_keys"} and "ledger_meta" not in tables):
         raise PrivacyError(f"{name} is {what} of another application (tables "
                            f"{sorted(tables)[:5]}); refusing to add a ledger to it: give {want}")
     if store.kind == "SQLite":

@@ -123,6 +123,15 @@ _ANSWER_SCHEMA = (
 
 
 
+#: the service's API keys in a PostgreSQL ledger (agt.service.keys.LedgerKeyStore): a hash,
+#: never a key
+API_KEYS_TABLE = ("""CREATE TABLE IF NOT EXISTS api_keys (id TEXT PRIMARY KEY,
+        sha256 TEXT NOT NULL UNIQUE CHECK (length(sha256) = 64),
+        role TEXT NOT NULL CHECK (role IN ('owner', 'client')), name TEXT NOT NULL,
+        budget_epsilon DOUBLE PRECISION CHECK (budget_epsilon > 0
+            AND budget_epsilon < 'Infinity'::float8),
+        budget_delta DOUBLE PRECISION CHECK (budget_delta >= 0 AND budget_delta < 1),
+        created TEXT NOT NULL, revoked BOOLEAN NOT NULL DEFAULT FALSE)""")
 #: the PostgreSQL ledger: every table created at once, on first open. The same columns as
 #: SQLite's; ids of ``releases`` are given by the ledger (consecutive, under the budget lock)
 _PG_APPEND_ONLY = ("releases", "rdp_charges", "data_dependent", "answers")
@@ -175,13 +184,8 @@ POSTGRES_SCHEMA = (
         rho INTEGER NOT NULL, tops INTEGER NOT NULL,
         PRIMARY KEY (client, source_id, mechanism))""",
     _IDEMPOTENCY_TABLE,
-    """CREATE TABLE IF NOT EXISTS api_keys (id TEXT PRIMARY KEY,
-        sha256 TEXT NOT NULL UNIQUE CHECK (length(sha256) = 64),
-        role TEXT NOT NULL CHECK (role IN ('owner', 'client')), name TEXT NOT NULL,
-        budget_epsilon DOUBLE PRECISION CHECK (budget_epsilon > 0
-            AND budget_epsilon < 'Infinity'::float8),
-        budget_delta DOUBLE PRECISION CHECK (budget_delta >= 0 AND budget_delta < 1),
-        created TEXT NOT NULL, revoked BOOLEAN NOT NULL DEFAULT FALSE)""",
+    API_KEYS_TABLE,
+
     """CREATE OR REPLACE FUNCTION agt_append_only() RETURNS trigger LANGUAGE plpgsql AS
         'BEGIN RAISE EXCEPTION ''the privacy ledger is append-only''; END'""",
     *(f"""CREATE OR REPLACE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table}

@@ -346,3 +346,25 @@ def open_store(name: str, timeout: float):
     if is_url(name):
         return PostgresStore.connect(name, timeout)
     return SqliteStore.connect(os.fspath(name), timeout)
+
+
+def postgres_ledger_exists(url: str, timeout: float = 10.0) -> bool:
+    """Whether the PostgreSQL database at `url` already holds a ledger (its settings row).
+
+    Args:
+        url: a ``postgresql://`` URL.
+        timeout: seconds to wait for the server.
+
+    Returns:
+        True once a ledger was created there.
+
+    Raises:
+        PrivacyError: the database cannot be reached.
+    """
+    store = PostgresStore.connect(url, timeout)
+    try:
+        if "ledger_meta" not in store.tables():
+            return False
+        return store.execute("SELECT 1 FROM ledger_meta").fetchone() is not None
+    finally:
+        store.close()
