@@ -296,15 +296,8 @@ class AnsweringDoor:
 
     def _cached_labels(self, source_id: str, mechanism: str,
                        hashes: Sequence[str]) -> dict[str, int]:
-        out: dict[str, int] = {}
         keys = {_answer_key(source_id, mechanism, h): h for h in dict.fromkeys(hashes)}
-        unique = list(keys)
-        for start in range(0, len(unique), 500):
-            chunk = unique[start:start + 500]
-            rows = self._db.execute(f"SELECT key, label FROM answers WHERE key IN "
-                                    f"({', '.join('?' * len(chunk))})", chunk)
-            out.update((keys[bytes(k)], int(label)) for k, label in rows)
-        return out
+        return {keys[bytes(k)]: int(label) for k, label in self._db.answers_of(list(keys))}
 
     def _store_answers(self, source_id: str, mechanism: str, hashes: Sequence[str],
                        labels: ArrayLike, release_ids: Sequence[int]) -> None:

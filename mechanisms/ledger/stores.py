@@ -188,6 +188,15 @@ class SqliteStore:
         """Insert released answers (key, label, release_id)."""
         self.executemany("INSERT INTO answers (key, label, release_id) VALUES (?, ?, ?)", rows)
 
+    def answers_of(self, keys: Sequence[bytes]) -> list[tuple[bytes, int]]:
+        """(key, label) of the released answers among `keys` (500 keys a statement)."""
+        out = []
+        for start in range(0, len(keys), 500):
+            chunk = keys[start:start + 500]
+            out.extend(self.execute(f"SELECT key, label FROM answers WHERE key IN "
+                                    f"({', '.join('?' * len(chunk))})", chunk))
+        return out
+
     def close(self) -> None:
         self.conn.close()
 
@@ -302,10 +311,13 @@ class PostgresStore:
     def ensure_answer_tables(self) -> None:
         """Nothing to do: a PostgreSQL ledger is created with every table."""
 
-    def _copy(self, table: str, columns: str, rows: Iterable[Sequence]) -> None:
+    def _copy(self, table: str, columns: str, types: Sequence[str],
+              rows: Iterable[Sequence]) -> None:
         try:
             with self.conn.cursor() as cursor:
-                with cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                with cursor.copy(f"COPY {table} ({columns}) FROM STDIN (FORMAT BINARY)"
+                                 ) as copy:
+                    copy.set_types(types)
                     for row in rows:
                         copy.write_row(row)
         except self._psycopg.Error as exc:
@@ -318,12 +330,18 @@ class PostgresStore:
         start = int(self.execute("SELECT COALESCE(MAX(id), 0) FROM releases").fetchone()[0])
         ids = list(range(start + 1, start + 1 + len(rows)))
         self._copy("releases", "id, time, source_id, query_hash, mechanism, epsilon, delta, "
-                   "seeded, note", ((i, *row) for i, row in zip(ids, rows)))
+                   "seeded, note", ("int8", "text", "text", "text", "text", "float8", "float8",
+                                    "int4", "text"), ((i, *row) for i, row in zip(ids, rows)))
         return ids
 
     def insert_answers(self, rows: Sequence[tuple]) -> None:
         """Insert released answers (key, label, release_id) in one COPY."""
-        self._copy("answers", "key, label, release_id", rows)
+        self._copy("answers", "key, label, release_id", ("bytea", "int4", "int8"), rows)
+
+    def answers_of(self, keys: Sequence[bytes]) -> list[tuple[bytes, int]]:
+        """(key, label) of the released answers among `keys` (one statement)."""
+        return [(bytes(k), int(v)) for k, v in self.execute(
+            "SELECT key, label FROM answers WHERE key = ANY(?)", (list(keys),))]
 
     def close(self) -> None:
         if self.conn is not None:
