@@ -296,7 +296,8 @@ class LedgerKeyStore:
         Args:
             role: ``owner`` or ``client``.
             name: a note for whom the key is.
-            budget_epsilon, budget_delta: a client's own budget.
+            budget_epsilon: a client's own epsilon budget.
+            budget_delta: its delta budget.
 
         Returns:
             (the key, its record).

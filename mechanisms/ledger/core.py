@@ -93,12 +93,14 @@ class Ledger(ChargePath, AnsweringDoor):
             path: an SQLite file's path, or a PostgreSQL URL (``postgresql://user@host/db``:
                 the database must exist; its tables are created on first open, and a
                 database holding other tables is refused).
-            budget_epsilon, budget_delta: a new ledger's total budget.
+            budget_epsilon: a new ledger's total epsilon.
+            budget_delta: a new ledger's total delta (default 0).
             accountant: a new ledger's accountant (`LEDGER_ACCOUNTANTS`).
             relation: a new ledger's neighbouring relation.
             dataset_sha256: the private dataset (else bound by the first release).
-            per_query_epsilon, per_query_delta: the fixed per-query guarantee of the
-                advanced, best and tight accountants.
+            per_query_epsilon: the fixed per-query epsilon of the advanced, best and
+                tight accountants.
+            per_query_delta: their fixed per-query delta.
             delta_prime: the advanced accountant's slack.
             timeout: seconds to wait for another process's write transaction.
 
@@ -150,7 +152,9 @@ class Ledger(ChargePath, AnsweringDoor):
         """A ledger that lives in memory only (experiments: one per simulated deployment).
 
         Args:
-            budget_epsilon, budget_delta, accountant: as `open`.
+            budget_epsilon: the total epsilon.
+            budget_delta: the total delta.
+            accountant: as `open`.
             **kwargs: the other settings of `open`.
 
         Returns:
