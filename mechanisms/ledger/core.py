@@ -426,10 +426,13 @@ def _open_schema(store, name: str, given: dict) -> dict:
     if store.kind == "SQLite":
         for statement in _SCHEMA:
             store.execute(statement)
-    elif "ledger_meta" in tables:
-        _read_meta(store, name)       # another version's tables are refused, not changed
-    if store.kind != "SQLite":
-        store.create_schema()
+    else:
+        if "ledger_meta" in tables:
+            _read_meta(store, name)   # another version's tables are refused, not changed
+        if tables != POSTGRES_TABLES:
+            # (only where something is missing: creating a trigger would wait for, and
+            # hold up, the other replicas' write transactions)
+            store.create_schema()
     meta = _read_meta(store, name)
     if meta is None:
         meta = _create(store, name, given)

@@ -271,7 +271,7 @@ class PostgresStore:
 
     @property
     def in_transaction(self) -> bool:
-        if self.conn is None or self.conn.closed:
+        if self.conn is None or self.conn.closed or self.conn.broken:
             return False
         from psycopg.pq import TransactionStatus
         return self.conn.info.transaction_status != TransactionStatus.IDLE
@@ -283,7 +283,15 @@ class PostgresStore:
 
     def begin_write(self) -> None:
         self._usable()
-        self.execute("BEGIN")
+        try:
+            self.execute("BEGIN")
+        except StoreError:
+            # a connection lost while idle shows only now; nothing was done yet: once more
+            # on a new connection
+            if not self.conn.broken:
+                raise
+            self._usable()
+            self.execute("BEGIN")
         # the budget lock (module docstring): every writer queues on the one meta row
         self.execute("SELECT id FROM ledger_meta WHERE id = 1 FOR UPDATE")
 

@@ -6,6 +6,8 @@ that loses nothing and charges a retry once."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -190,3 +192,14 @@ def test_a_terminated_connection_loses_nothing_and_a_retry_is_charged_once(postg
             again = replica.answer_batch([req])[0]
             assert np.array_equal(again.labels, first.labels)
             assert replica.spent().epsilon == 3.0 and len(replica.entries()) == 6
+
+
+def test_a_connection_lost_while_idle_is_opened_again(postgres_url):  # noqa: F811
+    gs = make_mechanism("gs", 0.25)
+    with Ledger.open(postgres_url, 1.0) as ledger:
+        ledger.release(gs, certified(1, 1))
+        _execute(postgres_url, "SELECT pg_terminate_backend(%s)",
+                 ledger._conn.info.backend_pid)
+        time.sleep(0.2)
+        ledger.release(gs, certified(1, 2))         # a new connection, nothing lost
+        assert ledger.spent().epsilon == 0.5 and len(ledger.entries()) == 2
