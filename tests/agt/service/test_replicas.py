@@ -42,6 +42,8 @@ class Replica:
                "--budget-epsilon", str(BUDGET), "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
+
+    def wait_ready(self) -> "Replica":
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -49,7 +51,7 @@ class Replica:
             try:
                 with Client(self.url) as c:
                     if c.health():
-                        return
+                        return self
             except Exception:
                 time.sleep(0.2)
         raise RuntimeError("agt serve did not answer in 120 s")
@@ -80,10 +82,15 @@ def cluster(tmp_path_factory):
     store.close()
     queries = load_dataset("blobs", {"variant": "separable", "n_samples": 3000,
                                      "seed": 5}).x_train
-    replicas = [Replica(d, url), Replica(d, url)]
+    replicas = [Replica(d, url), Replica(d, url)]        # started side by side
     try:
+        for r in replicas:
+            r.wait_ready()
         yield url, replicas, keys, queries
     finally:
+        for r in replicas:
+            if r.proc.poll() is None:
+                r.proc.terminate()
         for r in replicas:
             r.stop()
         dbs.drop_all()
