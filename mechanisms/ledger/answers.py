@@ -38,7 +38,22 @@ class AnsweringDoor:
     def answer(self, mechanism: Mechanism, inputs, *, client: str = "",
                client_budget: tuple[float, float] | None = None,
                insecure_rng: np.random.Generator | None = None) -> Answered:
-        """`answer_batch` for one request; raises its refusal instead of returning it."""
+        """`answer_batch` for one request; raises its refusal instead of returning it.
+
+        Args:
+            mechanism: a per-query or stability-gated session mechanism.
+            inputs: its inputs, with every query's hash as ``query_ids``.
+            client: the client's id ("" for none).
+            client_budget: the client's own (epsilon, delta) budget, or None.
+            insecure_rng: seeded noise for tests only (recorded).
+
+        Returns:
+            The request's `Answered`.
+
+        Raises:
+            BudgetExceededError: over the client's or the dataset's budget.
+            PrivacyError: refused inputs, or a ledger that cannot be written.
+        """
         out = self.answer_batch([AnswerRequest(mechanism, inputs, client, client_budget)],
                                 insecure_rng=insecure_rng)[0]
         if isinstance(out, Exception):
@@ -72,7 +87,12 @@ class AnsweringDoor:
             insecure_rng: seeded noise for tests only (every row records it).
 
         Returns:
-            Per request, its `Answered`, or the exception that refused it.
+            Per request, its `Answered`, or the exception that refused it
+            (`BudgetExceededError`, `IdempotencyError`, `PrivacyError`, `DataError`).
+
+        Raises:
+            PrivacyError: the ledger is an rdp ledger, or its database failed (every
+                request of the batch rolled back, nothing released).
         """
         if self.is_rdp:
             raise PrivacyError(f"the ledger {self.path} composes Renyi curves (rdp accountant); "
@@ -324,6 +344,9 @@ class AnsweringDoor:
         Returns:
             Its `Composition` under the ledger's accountant (at the ledger's delta), or None
             before the answering door recorded any charge of it.
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
         """
         if not self._has_totals():
             return None

@@ -209,23 +209,44 @@ class Ledger(ChargePath, AnsweringDoor):
         return Composition(eps, self.budget_delta, "rdp")
 
     def spent_curve(self) -> tuple[float, ...]:
-        """An rdp ledger's composed Renyi curve (on mechanisms.rdp.ORDERS)."""
+        """An rdp ledger's composed Renyi curve.
+
+        Returns:
+            The sum of every recorded charge's curve, on mechanisms.rdp.ORDERS.
+
+        Raises:
+            PrivacyError: the ledger is not an rdp ledger, or its database cannot be read.
+        """
         if not self.is_rdp:
             raise PrivacyError(f"the ledger {self.path} composes (eps, delta) guarantees "
                                f"({self.accountant_name} accountant), not Renyi curves")
         return compose_curves(self._recorded_curves())
 
     def spent(self) -> Composition:
-        """Composed guarantee of everything recorded so far (the accountant's total; for an
-        rdp ledger the composed curve converted at the budget's delta)."""
+        """Composed guarantee of everything recorded so far.
+
+        Returns:
+            The accountant's total (rounded up); for an rdp ledger the composed curve
+            converted at the budget's delta.
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
+        """
         if self.is_rdp:
             return self._compose_curves(self._recorded_curves())
         return self._compose(self._recorded_groups())
 
     def remaining(self) -> tuple[float, float]:
-        """(eps_T - spent eps, delta_T - spent delta); an rdp ledger keeps delta_T (its totals
-        are converted at delta_T). Under advanced/tight/rdp composition this is not additive:
-        use `fits` to ask whether a release fits."""
+        """What is left of the budget. Under advanced/tight/rdp composition this is not
+        additive: use `fits` to ask whether a release fits.
+
+        Returns:
+            (eps_T - spent eps, delta_T - spent delta); an rdp ledger keeps delta_T (its
+            totals are converted at delta_T).
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
+        """
         spent = self.spent()
         if self.is_rdp:     # every total is converted at the budget's delta: it is not used up
             return self.budget_epsilon - spent.epsilon, self.budget_delta
@@ -233,7 +254,19 @@ class Ledger(ChargePath, AnsweringDoor):
 
     def fits(self, n_queries: int, epsilon: float, delta: float = 0.0) -> bool:
         """Would n_queries more charges of (epsilon, delta) stay within the budget?
-        (Advisory: another process may spend in between; `release` re-checks atomically.)"""
+        (Advisory: another process may spend in between; `release` re-checks atomically.)
+
+        Args:
+            n_queries: the number of charges.
+            epsilon: each charge's epsilon.
+            delta: each charge's delta.
+
+        Returns:
+            Whether they fit now.
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
+        """
         if self.is_rdp:
             curve = curve_of(float(epsilon), float(delta), None, "this spend")
             return self._compose_curves(self._recorded_curves() + [(curve, int(n_queries))]
@@ -242,9 +275,17 @@ class Ledger(ChargePath, AnsweringDoor):
         return self._compose(groups).fits(self.budget_epsilon, self.budget_delta)
 
     def charge_for(self, guarantee: Guarantee) -> tuple[float, float]:
-        """The (eps, delta) charged per query for a release with `guarantee` (in the ledger's
-        relation): the guarantee itself, or the fixed per-query guarantee (refused if the
-        release's is larger)."""
+        """The (eps, delta) charged per query for a release with `guarantee`.
+
+        Args:
+            guarantee: the release's guarantee, in the ledger's relation.
+
+        Returns:
+            The guarantee itself, or the ledger's fixed per-query guarantee.
+
+        Raises:
+            PrivacyError: another relation, or a guarantee larger than the fixed one.
+        """
         if guarantee.relation != self.relation:
             raise PrivacyError(f"internal: a {guarantee.relation} guarantee offered to a "
                                f"{self.relation} ledger")
@@ -272,6 +313,20 @@ class Ledger(ChargePath, AnsweringDoor):
         exceeded (BudgetExceededError). `insecure_seed` / `insecure_rng` replace the
         operating system's secure randomness (experiments and tests only: anyone who knows
         the seed can remove the noise); every row of such a release records it.
+
+        Args:
+            mechanism: the release mechanism (`mechanisms.make_mechanism`).
+            inputs: its inputs (`Certified` or `Votes`).
+            insecure_seed: a seed for the noise (experiments only; recorded).
+            insecure_rng: a generator for the noise (experiments only; recorded).
+
+        Returns:
+            The `Release`: labels and their guarantee.
+
+        Raises:
+            BudgetExceededError: the release does not fit the budget (nothing recorded).
+            PrivacyError: refused inputs or guarantee, another dataset, a ledger that
+                cannot be written, or a failed draw after the spend (said so).
         """
         guarantee, eps_c, delta_c = self._charge(mechanism, inputs)
         curve = self._curve_for(guarantee)
@@ -330,6 +385,14 @@ class Ledger(ChargePath, AnsweringDoor):
         Args:
             estimate: a `mechanisms.pate_costs.SanitisedCost` prepared by the owner.
             insecure_rng: seeded noise for experiments and tests only (recorded).
+
+        Returns:
+            (the sanitised estimate, the eps it gives).
+
+        Raises:
+            BudgetExceededError: its curve does not fit the budget.
+            PrivacyError: not an rdp ledger, not a SanitisedCost, or the ledger cannot be
+                written.
         """
         from mechanisms.pate_costs import SanitisedCost, sanitised_epsilon
 
@@ -365,7 +428,14 @@ class Ledger(ChargePath, AnsweringDoor):
         return value, eps
 
     def sanitised_estimates(self) -> list[tuple[str, float, float, float]]:
-        """The recorded sanitised costs: (source id, order, estimate, eps) per release."""
+        """The recorded sanitised costs.
+
+        Returns:
+            (source id, order, estimate, eps) per release, oldest first ([] outside rdp).
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
+        """
         if not self.is_rdp:
             return []
         return [(str(s), float(a), float(v), float(e)) for s, a, v, e in self._db.execute(
@@ -394,13 +464,29 @@ class Ledger(ChargePath, AnsweringDoor):
     def check_release(self, mechanism: Mechanism, inputs) -> None:
         """Every check `release` makes before it records anything (inputs, relation, the
         fixed per-query guarantee, the budget), recording nothing: a dry run, e.g. on an
-        in-memory ledger with a new file ledger's settings before that file is created."""
+        in-memory ledger with a new file ledger's settings before that file is created.
+
+        Args:
+            mechanism: the release mechanism.
+            inputs: its inputs.
+
+        Raises:
+            BudgetExceededError: the release would not fit the budget.
+            PrivacyError: any other refusal `release` would make before its spend.
+        """
         guarantee, eps_c, delta_c = self._charge(mechanism, inputs)
         self._check_budget(eps_c, delta_c, inputs.n_queries if mechanism.per_query else 1,
                            self._curve_for(guarantee))
 
     def entries(self) -> list[LedgerEntry]:
-        """Every recorded charge, oldest first."""
+        """Every recorded charge, oldest first.
+
+        Returns:
+            One `LedgerEntry` per row of ``releases``.
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
+        """
         rows = self._db.execute("SELECT id, time, source_id, query_hash, mechanism, epsilon, "
                                   "delta, seeded, note FROM releases ORDER BY id").fetchall()
         return [LedgerEntry(int(row[0]), *row[1:5], float(row[5]), float(row[6]), bool(row[7]),
