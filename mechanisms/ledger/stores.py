@@ -348,6 +348,8 @@ class PostgresStore:
 
     def answers_of(self, keys: Sequence[bytes]) -> list[tuple[bytes, int]]:
         """(key, label) of the released answers among `keys` (one statement)."""
+        if not keys:
+            return []
         return [(bytes(k), int(v)) for k, v in self.execute(
             "SELECT key, label FROM answers WHERE key = ANY(?)", (list(keys),))]
 
