@@ -83,14 +83,24 @@ class Client:
         """The mechanism, relation, input shape, classes and guarantee (public)."""
         return self._call("GET", "/v1/info")
 
-    def predict(self, queries) -> Prediction:
+    def predict(self, queries, *, idempotency_key: str | None = None) -> Prediction:
         """Labels for the queries (a sequence of queries, or an array with one per row).
+
+        Args:
+            queries: the queries.
+            idempotency_key: a retry token (``Idempotency-Key``): sending the same queries
+                with the same key again, to any replica, gets the first answer, charged
+                once (e.g. after a timeout or a lost connection).
+
+        Returns:
+            The `Prediction`.
 
         Raises:
             ServiceError: the service refused the request (nothing was charged).
         """
         data = queries.tolist() if hasattr(queries, "tolist") else list(queries)
-        body = self._call("POST", "/v1/predict", json={"queries": data})
+        headers = {} if idempotency_key is None else {"idempotency-key": idempotency_key}
+        body = self._call("POST", "/v1/predict", json={"queries": data}, headers=headers)
         return Prediction(body["labels"], body["cached"], body["guarantee"], body["charged"],
                           body.get("session"))
 

@@ -5,7 +5,7 @@ Every mechanism object knows the exact probability that its release equals a giv
 those per-query probabilities, an exact number without Monte Carlo error.
 
 The sampled accuracies simulate deployments: each draw releases the queries through a fresh
-in-memory `Ledger` (the one door of mechanisms/ledger.py) of the experiment's relation,
+in-memory `Ledger` (the one door of mechanisms/ledger/) of the experiment's relation,
 bound to the private dataset, with exactly the budget the released queries compose to under
 standard composition (Renyi composition, in an rdp ledger, for gnmax and
 confident-gnmax), and with a seeded experiment generator (recorded as insecure in the

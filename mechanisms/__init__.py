@@ -15,7 +15,8 @@ predictions into released labels is `Ledger.release(mechanism, inputs)`:
   loss_perturbation.py  loss-pert (+ Gaussian): draws B, the owner's solver trains on it
   guarantee.py    Guarantee (eps, delta, relation) and relation conversion
   accounting.py   composition (standard, advanced, tight PLD), its inverse, query plans
-  ledger.py       the ledger bound to one dataset and one relation: check, record, draw
+  ledger/         the ledger bound to one dataset and one relation: check, record, draw
+                  (SQLite or PostgreSQL; charge.py is where a spend is checked and committed)
   noise.py        secure generators, closed forms of threshold and PTR releases
   exact.py        exact samplers (Bernoulli, exp(-gamma), arctan / pi, discrete Laplace)
   rounding.py     directed rounding of exact rationals to floats

@@ -39,7 +39,7 @@ Adaptivity: standard composition holds for privacy parameters chosen adaptively.
 tight composition as used here assume the sequence of (eps_i, delta_i) is fixed in advance,
 e.g. one calibrated per-query epsilon for a plan of Q queries (stopping early is fine: a prefix
 is a post-processing of the full plan). The ledger enforces this: a ledger with any accountant
-but "standard" fixes its per-query guarantee when it is created (ledger.py). For adaptively
+but "standard" fixes its per-query guarantee when it is created (ledger/). For adaptively
 chosen heterogeneous parameters use "standard" (or a privacy filter,
 Rogers-Roth-Ullman-Vadhan 2016).
 """

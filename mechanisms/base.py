@@ -11,7 +11,7 @@ A mechanism is a frozen object whose parameters are validated once, at construct
                                classes, radii without a smoothness proof);
   release(inputs, rng)         draws the released labels (REFUSED = -1 where the mechanism
                                declines to answer). Product code never calls this directly:
-                               `Ledger.release` (ledger.py) records the spend first;
+                               `Ledger.release` (ledger/) records the spend first;
   correct_probability(inputs, y)  the exact probability that the release equals y, per
                                query (a refusal counts as wrong), used by experiments for
                                exact expected accuracies.

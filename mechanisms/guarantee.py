@@ -4,7 +4,7 @@ moves a guarantee from one neighbouring relation to another.
 A release with Guarantee(epsilon, delta, relation, ...) is (epsilon, delta)-DP *per query*
 with respect to `relation`: "replace-one" (bounded DP: one record replaced) or "add-remove"
 (unbounded DP: one record added or removed). Releasing Q queries composes Q such guarantees
-(accounting.py); a ledger composes only guarantees of its own relation (ledger.py).
+(accounting.py); a ledger composes only guarantees of its own relation (ledger/).
 
 Conversion (group privacy; Dwork-Roth 2014, Thm 2.2 and its (eps, delta) form): replacing a
 record is removing it and adding another, so two add-remove steps. An (eps, delta)-DP

@@ -3,7 +3,7 @@
 A release turns certified predictions into released labels; these types hold the
 certified side. Everything in them (nominal predictions, stability radii, teacher votes)
 is a deterministic function of the private data and is *owner-only*: it reaches the world
-only through `Ledger.release` (ledger.py), which records the spend and draws the noise.
+only through `Ledger.release` (ledger/), which records the spend and draws the noise.
 
 `Certified`: one model's answers to Q queries. `prediction` is the class the served
 nominal model gives; `radius` its stability radius: the index of the largest certified

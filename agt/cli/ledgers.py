@@ -9,15 +9,29 @@ from typing import Iterator
 from agt.errors import AGTError, ConfigError, PrivacyError
 
 
-def is_new_ledger(path: Path) -> bool:
-    """A missing or empty file: opening it creates a ledger with the settings given."""
+def is_new_ledger(path: Path | str) -> bool:
+    """A missing or empty file, or a PostgreSQL database without a ledger yet: opening it
+    creates a ledger with the settings given.
+
+    Args:
+        path: an SQLite file's path or a ``postgresql://`` URL.
+
+    Returns:
+        Whether opening it creates a new ledger.
+    """
+    from mechanisms.ledger import is_url, postgres_ledger_exists
+
+    if is_url(str(path)):
+        return not postgres_ledger_exists(str(path))
+    path = Path(path)
     return not path.exists() or (path.is_file() and path.stat().st_size == 0)
 
 
 def open_ledger(path_arg: str | None, dataset_sha256: str, budget_epsilon: float | None,
                 budget_delta: float | None, accountant: str | None, relation: str | None,
                 per_query: tuple[float, float], budget_flags: str, release=None):
-    """The ledger at `path_arg`, or the private dataset's default ledger.
+    """The ledger at `path_arg` (a file or a ``postgresql://`` URL), or the private
+    dataset's default ledger.
 
     A new ledger (a missing or empty file) is created with the given budget, relation
     (default replace-one) and accountant (default standard); an accountant other than
@@ -30,8 +44,10 @@ def open_ledger(path_arg: str | None, dataset_sha256: str, budget_epsilon: float
     no file: a review found refused first releases leaving ledgers whose settings (budget,
     accountant, fixed per-query guarantee) then bound every later call."""
     from mechanisms import Ledger, default_ledger_path
+    from mechanisms.ledger import is_url
 
-    path = Path(path_arg) if path_arg else default_ledger_path(dataset_sha256)
+    path = (path_arg if is_url(path_arg) else Path(path_arg)) if path_arg else \
+        default_ledger_path(dataset_sha256)
     new = is_new_ledger(path)
     if new and budget_epsilon is None:
         # (the callers' default_ledger_unnamed calls a default ledger by that name)

@@ -133,7 +133,7 @@ def run(args) -> int:
     from agt.tensors import resolve_device
     from mechanisms import MECHANISMS, Certified, Ledger, Votes, default_ledger_path, make_mechanism
     from mechanisms.accounting import plan_queries
-    from mechanisms.ledger import hash_query
+    from mechanisms.ledger import hash_query, is_url
     from mechanisms.rdp_plan import plan_renyi
 
     out = check_output(args.out, suffixes=(".npz",), overwrite=args.overwrite)
@@ -168,7 +168,8 @@ def run(args) -> int:
         n_teachers = 1
     dataset = inputs.source.dataset_sha256
 
-    path = Path(args.ledger) if args.ledger else default_ledger_path(dataset)
+    path = (args.ledger if is_url(args.ledger) else Path(args.ledger)) if args.ledger else \
+        default_ledger_path(dataset)
     with default_ledger_unnamed(None if args.ledger else path):
         if is_new_ledger(path):
             accountant = args.accountant or ("best" if probe.per_query else "standard")

@@ -5,6 +5,9 @@ Endpoints (JSON under /v1; the OpenAPI schema at /openapi.json):
 * ``POST /v1/predict`` (client or owner key): ``{"queries": [q, ...]}``, each q an array of
   the model's input shape. Returns the labels (``null`` where the mechanism gave no
   answer), which came from earlier releases (``cached``: at no charge), and the guarantee.
+  An optional ``Idempotency-Key`` header (1-255 printable ASCII characters) makes a retry
+  of the same request get the same answer, charged once (422 for the same key with other
+  queries).
 * ``GET /v1/budget`` (client or owner key): the caller's own spend and what remains to it
   and to the dataset.
 * ``GET /v1/info`` (public): the mechanism, relation, input shape, classes and guarantee.
@@ -80,20 +83,22 @@ class _Keys:
         return self._store.authenticate(key)
 
 
-def create_app(service: PredictionService, keys_path: str | Path, *,
+def create_app(service: PredictionService, keys_path, *,
                max_body_bytes: int = MAX_BODY_BYTES, max_queries: int = MAX_QUERIES):
     """The FastAPI application serving ``service`` to the keys of ``keys_path``.
 
     Args:
         service: the prediction service (`PredictionService`).
-        keys_path: the keys file (`agt keys add`).
+        keys_path: the keys file (`agt keys add`), or a key store with an
+            ``authenticate(key)`` method (`agt.service.keys.LedgerKeyStore`: the keys of a
+            PostgreSQL ledger, shared by replicas).
         max_body_bytes: the largest request body accepted.
         max_queries: the most queries one request may hold.
 
     Returns:
         A FastAPI application (run it with uvicorn).
     """
-    keys = _Keys(keys_path)
+    keys = keys_path if hasattr(keys_path, "authenticate") else _Keys(keys_path)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -181,7 +186,8 @@ def create_app(service: PredictionService, keys_path: str | Path, *,
     async def predict(request: Request):
         who = principal_of(request)
         x = await read_queries(request)
-        answered = await wait(service.submit(who, x), who)
+        retry = request.headers.get("idempotency-key")
+        answered = await wait(service.submit(who, x, idempotency_key=retry), who)
         labels = [None if int(v) < 0 else int(v) for v in answered.labels]
         g = answered.guarantee
         out = {"labels": labels, "cached": answered.cached.tolist(),

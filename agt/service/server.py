@@ -36,6 +36,7 @@ class _Task:
     principal: Principal | None
     payload: object
     future: Future
+    idempotency_key: str | None = None
 
 
 class PredictionService:
@@ -45,7 +46,8 @@ class PredictionService:
         source: a `agt.store.Bundle` (single-model mechanisms) or an `agt.ensemble.Ensemble`
             (ensemble mechanisms).
         mechanism: the release mechanism (`mechanisms.make_mechanism`).
-        ledger: the ledger file's path; a new ledger needs ``budget_epsilon``.
+        ledger: the ledger file's path or a PostgreSQL URL (replicas share one); a new
+            ledger needs ``budget_epsilon``.
         budget_epsilon: a new ledger's total epsilon (an existing ledger keeps its own
             settings; values that differ from them are refused).
         budget_delta: a new ledger's total delta.
@@ -154,9 +156,12 @@ class PredictionService:
                                 f"input domain (L2 norm <= {self.input_norm_bound:g})")
         return np.ascontiguousarray(arr)
 
-    def submit(self, principal: Principal, queries: np.ndarray) -> Future:
-        """Answer checked queries (`check_queries`) for a client: a future of `Answered`."""
-        return self._put("predict", principal, queries)
+    def submit(self, principal: Principal, queries: np.ndarray, *,
+               idempotency_key: str | None = None) -> Future:
+        """Answer checked queries (`check_queries`) for a client: a future of `Answered`.
+        With an ``idempotency_key``, a retry of the same request (by this client) gets the
+        answer recorded the first time, charged once (`mechanisms.ledger.AnswerRequest`)."""
+        return self._put("predict", principal, queries, idempotency_key)
 
     def radii(self, queries: np.ndarray) -> Future:
         """Owner-only: predictions and radii (a future of a dict)."""
@@ -177,11 +182,11 @@ class PredictionService:
 
     # -- the worker -----------------------------------------------------------------------
 
-    def _put(self, kind: str, principal, payload) -> Future:
+    def _put(self, kind: str, principal, payload, idempotency_key=None) -> Future:
         if not self._worker.is_alive():
             raise PrivacyError("the prediction service has stopped")
         future: Future = Future()
-        self._queue.put(_Task(kind, principal, payload, future))
+        self._queue.put(_Task(kind, principal, payload, future, idempotency_key))
         return future
 
     def _run(self) -> None:
@@ -207,6 +212,8 @@ class PredictionService:
                 self._ready.set()
                 return
             self._ledger = ledger
+            #: the ledger's name for messages (a URL without its password)
+            self.ledger_name = ledger.path
             self._ready.set()
             while True:
                 task = self._queue.get()
@@ -278,7 +285,8 @@ class PredictionService:
         for task in tasks:
             n = len(task.payload)
             requests.append(AnswerRequest(self.mechanism, inputs.subset(slice(start, start + n)),
-                                          task.principal.id, task.principal.budget))
+                                          task.principal.id, task.principal.budget,
+                                          task.idempotency_key))
             start += n
         return self._ledger.answer_batch(requests)
 

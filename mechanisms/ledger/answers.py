@@ -1,0 +1,356 @@
+"""The answering door: requests answered through the ledger as a prediction service does
+(`Ledger.answer_batch`), with the answers cache, stability-gated sessions across requests,
+per-client budgets and idempotent retries. Every charge goes through the charge path
+(charge.py) inside one write transaction per batch."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from agt.errors import DataError, PrivacyError
+from mechanisms.base import Mechanism
+from mechanisms.checks import check_delta, check_epsilon, privacy_problems
+from mechanisms.ledger.records import (
+    Answered,
+    AnswerRequest,
+    IdempotencyError,
+    _now,
+    _Prepared,
+)
+from mechanisms.ledger.stores import StoreError
+from mechanisms.noise import REFUSED, make_generator
+
+
+def _answer_key(source_id: str, mechanism: str, query_hash: str) -> bytes:
+    """The answers table's key: the first 16 bytes of SHA-256(source | mechanism | hash)."""
+    return hashlib.sha256(f"{source_id}|{mechanism}|{query_hash}".encode()).digest()[:16]
+
+
+class AnsweringDoor:
+    """`answer`, `answer_batch` and `client_spent` of `Ledger` (a mixin)."""
+
+    def answer(self, mechanism: Mechanism, inputs, *, client: str = "",
+               client_budget: tuple[float, float] | None = None,
+               insecure_rng: np.random.Generator | None = None) -> Answered:
+        """`answer_batch` for one request; raises its refusal instead of returning it.
+
+        Args:
+            mechanism: a per-query or stability-gated session mechanism.
+            inputs: its inputs, with every query's hash as ``query_ids``.
+            client: the client's id ("" for none).
+            client_budget: the client's own (epsilon, delta) budget, or None.
+            insecure_rng: seeded noise for tests only (recorded).
+
+        Returns:
+            The request's `Answered`.
+
+        Raises:
+            BudgetExceededError: over the client's or the dataset's budget.
+            PrivacyError: refused inputs, or a ledger that cannot be written.
+        """
+        out = self.answer_batch([AnswerRequest(mechanism, inputs, client, client_budget)],
+                                insecure_rng=insecure_rng)[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def answer_batch(self, requests: Sequence[AnswerRequest], *,
+                     insecure_rng: np.random.Generator | None = None
+                     ) -> list[Answered | Exception]:
+        """Answer several requests in one transaction: cached answers, charge, draw, record.
+
+        Per request, in order: queries whose hash (``inputs.query_ids``, required) was
+        answered before by this source and mechanism get the label released then, at no
+        charge (post-processing of that release; the same query asked twice within a request
+        is one query). The other queries are charged against the ledger's budget and the
+        client's own (``client_budget``; the ledger's budget caps every client together),
+        their labels drawn, and the charges, the client and the labels recorded. A
+        stability-gated session mechanism (`per_query` False) keeps one session per client,
+        source and mechanism across requests: its state is loaded, advanced and stored, and
+        a new session is charged when the last one reached its cutoff.
+
+        The labels are drawn *before* the commit and returned only after it, so a crash at
+        any moment leaves either no record and no label, or a record whose label a retry
+        gets from the answers: never a label without its record, never two charges for one
+        query. A request that is refused (its inputs, a budget) returns its exception in its
+        place and records and draws nothing; the others go on. A failure of the database
+        itself rolls back every request and raises.
+
+        Args:
+            requests: the requests (`AnswerRequest`), answered in this order.
+            insecure_rng: seeded noise for tests only (every row records it).
+
+        Returns:
+            Per request, its `Answered`, or the exception that refused it
+            (`BudgetExceededError`, `IdempotencyError`, `PrivacyError`, `DataError`).
+
+        Raises:
+            PrivacyError: the ledger is an rdp ledger, or its database failed (every
+                request of the batch rolled back, nothing released).
+        """
+        if self.is_rdp:
+            raise PrivacyError(f"the ledger {self.path} composes Renyi curves (rdp accountant); "
+                               f"the answering door keeps running totals of (eps, delta) "
+                               f"charges and takes standard, advanced, best or tight ledgers "
+                               f"only: release through Ledger.release, or serve from a ledger "
+                               f"of another accountant")
+        rng = insecure_rng if insecure_rng is not None else make_generator(None)
+        seeded = insecure_rng is not None
+        prepared = []
+        for request in requests:
+            try:
+                prepared.append(self._prepare_answer(request))
+            except (PrivacyError, DataError, ValueError) as exc:
+                prepared.append(exc)
+        out: list[Answered | Exception] = []
+        with self._writing() as db:
+            db.ensure_answer_tables()
+            for item in prepared:
+                if isinstance(item, Exception):
+                    out.append(item)
+                    continue
+                # each request is all or nothing within the batch: a refusal or a failed
+                # draw undoes what the request had recorded
+                db.execute("SAVEPOINT request")
+                try:
+                    out.append(self._answer_idempotent(item, rng, seeded))
+                except StoreError:
+                    raise                  # the database failed: every request rolls back
+                except (PrivacyError, DataError) as exc:
+                    db.execute("ROLLBACK TO SAVEPOINT request")
+                    out.append(exc)
+                db.execute("RELEASE SAVEPOINT request")
+            if any(isinstance(a, Answered) and a.charges for a in out):
+                self._dataset = db.execute("SELECT dataset_sha256 FROM ledger_meta"
+                                           ).fetchone()[0]
+        return out
+
+    def _prepare_answer(self, request: AnswerRequest) -> _Prepared:
+        """The checks that read nothing of the ledger's records (before the transaction)."""
+        if not isinstance(request, AnswerRequest):
+            raise PrivacyError(f"answer_batch takes AnswerRequest objects, got "
+                               f"{type(request).__name__}")
+        mechanism, inputs = request.mechanism, request.inputs
+        guarantee, eps_c, delta_c = self._charge(mechanism, inputs)
+        if not mechanism.per_query and not hasattr(mechanism, "continue_session"):
+            raise PrivacyError(f"{mechanism.name} answers one release as one session; the "
+                               f"answering door serves per-query mechanisms and stability-gated "
+                               f"sessions (svt, ens-svt), which continue across requests")
+        ids = inputs.query_ids
+        if ids is None or len(ids) != inputs.n_queries or not all(ids):
+            raise PrivacyError("answering needs every query's hash (inputs.query_ids, "
+                               "hash_query of its bytes): the answers are kept by it")
+        if not isinstance(request.client, str):
+            raise PrivacyError("client must be a string (the key's id)")
+        if request.client_budget is not None:
+            problems = privacy_problems(f"client {request.client!r}")
+            eps_b, delta_b = request.client_budget
+            check_epsilon(eps_b, problems, name="budget_epsilon")
+            check_delta(delta_b, problems, name="budget_delta", allow_zero=True)
+            problems.raise_if_any()
+        key = request.idempotency_key
+        if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 255
+                                or not key.isprintable() or not key.isascii()):
+            raise IdempotencyError("an idempotency key must be 1 to 255 printable ASCII "
+                                   "characters")
+        return _Prepared(request, guarantee, eps_c, delta_c)
+
+    def _answer_idempotent(self, item: _Prepared, rng: np.random.Generator,
+                           seeded: bool) -> Answered:
+        """`_answer_one`, or the answer recorded for the client's idempotency key: the
+        request's digest (mechanism, parameters, source, query hashes) must match the one
+        recorded with it. A new key's answer is recorded in this same transaction as its
+        charges and labels, so a retry after any crash finds both or neither."""
+        request = item.request
+        if request.idempotency_key is None:
+            return self._answer_one(item, rng, seeded)
+        mechanism, inputs = request.mechanism, request.inputs
+        digest = hashlib.sha256("|".join(
+            [mechanism.name, repr(mechanism), inputs.source.source_id,
+             *inputs.query_ids]).encode()).hexdigest()
+        row = self._db.execute("SELECT request_sha256, answer FROM idempotency WHERE "
+                               "client = ? AND key = ?",
+                               (request.client, request.idempotency_key)).fetchone()
+        if row is not None:
+            if row[0] != digest:
+                raise IdempotencyError(
+                    "this Idempotency-Key was used before for another request (other queries "
+                    "or another mechanism); nothing was charged or released: use a new key "
+                    "for a new request")
+            saved = json.loads(row[1])
+            return Answered(np.asarray(saved["labels"], dtype=np.int64), item.guarantee,
+                            mechanism.name, float(saved["charged_epsilon"]),
+                            float(saved["charged_delta"]), bool(saved["seeded"]),
+                            mechanism.per_query, cached=np.asarray(saved["cached"], dtype=bool),
+                            charges=int(saved["charges"]),
+                            sessions_opened=int(saved["sessions_opened"]),
+                            session_closed=bool(saved["session_closed"]))
+        answered = self._answer_one(item, rng, seeded)
+        saved = {"labels": answered.labels.tolist(), "cached": answered.cached.tolist(),
+                 "charged_epsilon": answered.charged_epsilon,
+                 "charged_delta": answered.charged_delta, "seeded": answered.seeded,
+                 "charges": answered.charges, "sessions_opened": answered.sessions_opened,
+                 "session_closed": answered.session_closed}
+        self._db.execute("INSERT INTO idempotency (client, key, request_sha256, answer, time) "
+                         "VALUES (?, ?, ?, ?, ?)", (request.client, request.idempotency_key,
+                                                    digest, json.dumps(saved), _now()))
+        return answered
+
+    def _answer_one(self, item: _Prepared, rng: np.random.Generator,
+                    seeded: bool) -> Answered:
+        db = self._db
+        mechanism, inputs = item.request.mechanism, item.request.inputs
+        source = inputs.source
+        unbound = self._bind_dataset(source.dataset_sha256)
+        ids = list(inputs.query_ids)
+        cached = self._cached_labels(source.source_id, mechanism.name, ids)
+        labels = np.full(len(ids), REFUSED, dtype=np.int64)
+        hit = np.zeros(len(ids), dtype=bool)
+        first: dict[str, int] = {}
+        for i, h in enumerate(ids):
+            if h in cached:
+                labels[i], hit[i] = cached[h], True
+            else:
+                first.setdefault(h, i)
+        new = np.array(sorted(first.values()), dtype=np.int64)
+        answered = Answered(labels, item.guarantee, mechanism.name, item.eps_c, item.delta_c,
+                            seeded, mechanism.per_query, cached=hit)
+        if len(new) == 0:
+            return answered
+        # a short note per row (the mechanism's full statement is its name and parameters:
+        # `Mechanism.guarantee`); the answering door writes one row per query
+        g = item.guarantee
+        note = (f"relation={self.relation}; answered by {mechanism.name} at "
+                f"({g.epsilon!r}, {g.delta!r}) per {'query' if mechanism.per_query else 'session'}")
+        if seeded:
+            note += "; INSECURE seeded noise (test generator)"
+        if item.request.client:
+            note += f"; client {item.request.client}"
+        if mechanism.per_query:
+            fresh, charges = self._answer_per_query(item, inputs.subset(new), rng, seeded, note)
+            sessions_opened, closed = 0, False
+        else:
+            fresh, charges, sessions_opened, closed = self._answer_session(
+                item, inputs.subset(new), rng, seeded, note)
+        if unbound:
+            db.execute("UPDATE ledger_meta SET dataset_sha256 = ?", (source.dataset_sha256,))
+        labels[new] = fresh
+        by_hash = {ids[i]: int(labels[i]) for i in new}
+        for i, h in enumerate(ids):            # repeats within the request: the first's label
+            if not hit[i]:
+                labels[i] = by_hash[h]
+        return dataclasses.replace(answered, charges=charges, sessions_opened=sessions_opened,
+                                   session_closed=closed)
+
+    def _answer_per_query(self, item, inputs, rng, seeded, note):
+        hashes = list(inputs.query_ids)
+        release_ids = self._record(item, hashes, len(hashes), seeded, note)
+        labels = self._draw(item.request.mechanism, inputs, rng)
+        self._store_answers(inputs.source.source_id, item.request.mechanism.name,
+                       hashes, labels, release_ids)
+        return labels, len(hashes)
+
+    def _answer_session(self, item, inputs, rng, seeded, note):
+        """Queries of a stability-gated session mechanism, within the client's open session,
+        opening (and charging) a new one whenever the last one closed."""
+        db, mechanism = self._db, item.request.mechanism
+        client, source_id = item.request.client, inputs.source.source_id
+        params = repr(mechanism)
+        labels = np.full(inputs.n_queries, REFUSED, dtype=np.int64)
+        charges = opened = 0
+        closed = False
+        done = 0
+        row = db.execute("SELECT params, release_id, rho, tops FROM sessions WHERE client = ? "
+                           "AND source_id = ? AND mechanism = ?",
+                           (client, source_id, mechanism.name)).fetchone()
+        state = session_id = None
+        if row is not None and row[0] == params:
+            session_id, state = row[1], mechanism.session_state(int(row[2]), int(row[3]))
+        while done < inputs.n_queries:
+            rest = inputs.subset(slice(done, None))
+            if state is None:
+                session_hash = hashlib.sha256(
+                    "|".join(rest.query_ids).encode()).hexdigest()
+                # a session that cannot be paid refuses the whole request (the caller's
+                # savepoint undoes its earlier sessions): no partial answer that a retry
+                # would answer otherwise
+                session_id = self._record(item, [session_hash], 1, seeded,
+                                          f"{note}; a session across requests")[0]
+                state = mechanism.open_session(rng)
+                charges, opened = charges + 1, opened + 1
+            try:
+                part, state, answered = mechanism.continue_session(rest, state, rng)
+            except Exception as exc:
+                raise PrivacyError(f"{mechanism.name}: drawing the labels failed "
+                                   f"({type(exc).__name__})") from None
+            labels[done:done + answered] = part[:answered]
+            self._store_answers(source_id, mechanism.name,
+                           list(rest.query_ids)[:answered], part[:answered],
+                           [session_id] * answered)
+            done += answered
+            if mechanism.session_closed(state):
+                closed = True
+                self._store_session(client, source_id, mechanism.name, params, session_id,
+                                    state)
+                state = None
+        if state is not None:
+            self._store_session(client, source_id, mechanism.name, params, session_id, state)
+        return labels, charges, opened, closed
+
+    @staticmethod
+    def _draw(mechanism: Mechanism, inputs, rng) -> NDArray[np.int64]:
+        try:
+            return mechanism.release(inputs, rng)
+        except Exception as exc:
+            # every parameter and input was checked before; the message names only the
+            # error's type: its text may hold private values. The transaction rolls back.
+            raise PrivacyError(f"{mechanism.name}: drawing the labels failed "
+                               f"({type(exc).__name__}); nothing was recorded or released"
+                               ) from None
+
+    def _cached_labels(self, source_id: str, mechanism: str,
+                       hashes: Sequence[str]) -> dict[str, int]:
+        keys = {_answer_key(source_id, mechanism, h): h for h in dict.fromkeys(hashes)}
+        return {keys[bytes(k)]: int(label) for k, label in self._db.answers_of(list(keys))}
+
+    def _store_answers(self, source_id: str, mechanism: str, hashes: Sequence[str],
+                       labels: ArrayLike, release_ids: Sequence[int]) -> None:
+        self._db.insert_answers([(_answer_key(source_id, mechanism, h), int(label), int(r))
+                                 for h, label, r in zip(hashes, np.asarray(labels),
+                                                        release_ids)])
+
+    def _store_session(self, client: str, source_id: str, mechanism: str, params: str,
+                       session_id: int, state) -> None:
+        self._db.execute(
+            "INSERT INTO sessions (client, source_id, mechanism, params, release_id, rho, tops) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (client, source_id, mechanism) DO UPDATE "
+            "SET params = excluded.params, release_id = excluded.release_id, "
+            "rho = excluded.rho, tops = excluded.tops",
+            (client, source_id, mechanism, params, int(session_id), int(state.rho),
+             int(state.tops)))
+
+    def client_spent(self, client: str):
+        """A client's composed charges.
+
+        Args:
+            client: the client's id (an API key's id).
+
+        Returns:
+            Its `Composition` under the ledger's accountant (at the ledger's delta), or None
+            before the answering door recorded any charge of it.
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
+        """
+        if not self._has_totals():
+            return None
+        groups = self._client_groups(client)
+        if not groups:
+            return None
+        return self.accountant.compose_groups(sorted(groups), delta_budget=self.budget_delta)

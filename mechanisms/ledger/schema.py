@@ -1,0 +1,310 @@
+"""The ledger's schema: its tables in SQLite and in PostgreSQL, its format version, and
+the settings a ledger is created with (checked, stored, compared when it is opened again).
+
+Both backends hold the same tables with the same columns (docs/reference/formats.md):
+``ledger_meta`` (one row: budget, accountant, relation, dataset), ``releases`` (one row per
+charge, append-only), the answering door's ``spend_totals``, ``client_totals``, ``answers``,
+``sessions`` and ``idempotency``, and an rdp ledger's ``rdp_charges`` and ``data_dependent``.
+A PostgreSQL ledger also holds the service's ``api_keys`` (agt.service.keys), so that
+replicas share them. Amounts are IEEE doubles stored as given (SQLite REAL, PostgreSQL
+DOUBLE PRECISION: both binary64, so a charge reads back bit for bit) and counted in
+integers; every sum is made by the accountant, in exact rationals rounded up
+(accounting.py), never by the database.
+"""
+
+from __future__ import annotations
+
+from agt.errors import PrivacyError
+from mechanisms.accounting import ACCOUNTANTS, Accountant
+from mechanisms.checks import check_delta, check_epsilon, privacy_problems
+from mechanisms.guarantee import REPLACE_ONE, check_relation
+from mechanisms.ledger.records import _now
+
+#: the SQLite ledger's format
+FORMAT_VERSION = 2
+#: the PostgreSQL ledger's format (its own line of versions)
+POSTGRES_FORMAT_VERSION = 1
+_TABLES = {"ledger_meta", "releases", "sqlite_sequence"}
+#: tables the answering door (`Ledger.answer_batch`) adds on first use: running totals of the
+#: charges, all and per client (so a budget check reads a few rows, not every charge; every
+#: insert into `releases` adds to them in its transaction), the released answers (the cache:
+#: asked again, a query gets its released label at no new charge) and the open
+#: stability-gated sessions
+_ANSWER_TABLES = {"spend_totals", "client_totals", "answers", "sessions", "idempotency"}
+_FIXED_ACCOUNTANTS = ("best", "advanced", "tight")
+#: every accountant a ledger takes: the (eps, delta) ones of accounting.py and "rdp"
+LEDGER_ACCOUNTANTS: tuple[str, ...] = ACCOUNTANTS + ("rdp",)
+#: the tables of an rdp ledger: each charge's curve, and the sanitised data-dependent costs
+_RDP_TABLES = {"rdp_charges", "data_dependent"}
+_RDP_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS rdp_charges (
+        release_id INTEGER PRIMARY KEY REFERENCES releases (id),
+        curve BLOB NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS data_dependent (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time TEXT NOT NULL,
+        source_id TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('sanitised')),
+        order_alpha REAL NOT NULL,
+        value REAL NOT NULL,
+        epsilon REAL NOT NULL,
+        delta REAL NOT NULL,
+        release_id INTEGER NOT NULL REFERENCES releases (id),
+        note TEXT NOT NULL)""",
+    """CREATE TRIGGER IF NOT EXISTS rdp_charges_no_update BEFORE UPDATE ON rdp_charges
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS rdp_charges_no_delete BEFORE DELETE ON rdp_charges
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS data_dependent_no_update BEFORE UPDATE ON data_dependent
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS data_dependent_no_delete BEFORE DELETE ON data_dependent
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+)
+
+# One statement each: sqlite3's executescript would COMMIT the open transaction first.
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS ledger_meta (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        format_version INTEGER NOT NULL,
+        budget_epsilon REAL NOT NULL CHECK (budget_epsilon > 0),
+        budget_delta REAL NOT NULL CHECK (budget_delta >= 0 AND budget_delta < 1),
+        accountant TEXT NOT NULL,
+        delta_prime REAL,
+        per_query_epsilon REAL,
+        per_query_delta REAL,
+        relation TEXT NOT NULL,
+        dataset_sha256 TEXT,
+        created TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS releases (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time TEXT NOT NULL,
+        source_id TEXT NOT NULL,
+        query_hash TEXT NOT NULL,
+        mechanism TEXT NOT NULL,
+        epsilon REAL NOT NULL CHECK (epsilon > 0),
+        delta REAL NOT NULL CHECK (delta >= 0 AND delta < 1),
+        seeded INTEGER NOT NULL,
+        note TEXT NOT NULL)""",
+    """CREATE TRIGGER IF NOT EXISTS releases_no_update BEFORE UPDATE ON releases
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS releases_no_delete BEFORE DELETE ON releases
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+)
+
+#: a client's retry token -> the digest of its request and the answer it was given (JSON),
+#: written in the transaction that charged it
+_IDEMPOTENCY_TABLE = """CREATE TABLE IF NOT EXISTS idempotency (client TEXT NOT NULL,
+    key TEXT NOT NULL, request_sha256 TEXT NOT NULL, answer TEXT NOT NULL, time TEXT NOT NULL,
+    PRIMARY KEY (client, key))"""
+
+# One statement each (sqlite3's executescript would COMMIT the open transaction first).
+_ANSWER_SCHEMA = (
+    """CREATE TABLE spend_totals (epsilon REAL NOT NULL, delta REAL NOT NULL,
+        count INTEGER NOT NULL, PRIMARY KEY (epsilon, delta))""",
+    """INSERT INTO spend_totals (epsilon, delta, count)
+        SELECT epsilon, delta, COUNT(*) FROM releases GROUP BY epsilon, delta""",
+    """CREATE TABLE client_totals (client TEXT NOT NULL, epsilon REAL NOT NULL,
+        delta REAL NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (client, epsilon, delta))""",
+    # key: the first 16 bytes of SHA-256(source id | mechanism | query hash); small keys
+    # in one B-tree (no rowid) keep a commit's page writes few
+    """CREATE TABLE answers (key BLOB PRIMARY KEY, label INTEGER NOT NULL,
+        release_id INTEGER NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE sessions (client TEXT NOT NULL, source_id TEXT NOT NULL,
+        mechanism TEXT NOT NULL, params TEXT NOT NULL, release_id INTEGER NOT NULL,
+        rho INTEGER NOT NULL, tops INTEGER NOT NULL,
+        PRIMARY KEY (client, source_id, mechanism))""",
+    _IDEMPOTENCY_TABLE,
+    """CREATE TRIGGER answers_no_update BEFORE UPDATE ON answers
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER answers_no_delete BEFORE DELETE ON answers
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+)
+
+
+
+
+#: the service's API keys in a PostgreSQL ledger (agt.service.keys.LedgerKeyStore): a hash,
+#: never a key
+API_KEYS_TABLE = ("""CREATE TABLE IF NOT EXISTS api_keys (id TEXT PRIMARY KEY,
+        sha256 TEXT NOT NULL UNIQUE CHECK (length(sha256) = 64),
+        role TEXT NOT NULL CHECK (role IN ('owner', 'client')), name TEXT NOT NULL,
+        budget_epsilon DOUBLE PRECISION CHECK (budget_epsilon > 0
+            AND budget_epsilon < 'Infinity'::float8),
+        budget_delta DOUBLE PRECISION CHECK (budget_delta >= 0 AND budget_delta < 1),
+        created TEXT NOT NULL, revoked BOOLEAN NOT NULL DEFAULT FALSE)""")
+#: the PostgreSQL ledger: every table created at once, on first open. The same columns as
+#: SQLite's; ids of ``releases`` are given by the ledger (consecutive, under the budget lock)
+_PG_APPEND_ONLY = ("releases", "rdp_charges", "data_dependent", "answers")
+POSTGRES_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS ledger_meta (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        format_version INTEGER NOT NULL,
+        budget_epsilon DOUBLE PRECISION NOT NULL CHECK (budget_epsilon > 0),
+        budget_delta DOUBLE PRECISION NOT NULL CHECK (budget_delta >= 0 AND budget_delta < 1),
+        accountant TEXT NOT NULL,
+        delta_prime DOUBLE PRECISION,
+        per_query_epsilon DOUBLE PRECISION,
+        per_query_delta DOUBLE PRECISION,
+        relation TEXT NOT NULL,
+        dataset_sha256 TEXT,
+        created TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS releases (
+        id BIGINT PRIMARY KEY,
+        time TEXT NOT NULL,
+        source_id TEXT NOT NULL,
+        query_hash TEXT NOT NULL,
+        mechanism TEXT NOT NULL,
+        epsilon DOUBLE PRECISION NOT NULL CHECK (epsilon > 0),
+        delta DOUBLE PRECISION NOT NULL CHECK (delta >= 0 AND delta < 1),
+        seeded INTEGER NOT NULL,
+        note TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS rdp_charges (
+        release_id BIGINT PRIMARY KEY REFERENCES releases (id),
+        curve BYTEA NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS data_dependent (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        time TEXT NOT NULL,
+        source_id TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('sanitised')),
+        order_alpha DOUBLE PRECISION NOT NULL,
+        value DOUBLE PRECISION NOT NULL,
+        epsilon DOUBLE PRECISION NOT NULL,
+        delta DOUBLE PRECISION NOT NULL,
+        release_id BIGINT NOT NULL REFERENCES releases (id),
+        note TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS spend_totals (epsilon DOUBLE PRECISION NOT NULL,
+        delta DOUBLE PRECISION NOT NULL, count BIGINT NOT NULL, PRIMARY KEY (epsilon, delta))""",
+    """CREATE TABLE IF NOT EXISTS client_totals (client TEXT NOT NULL,
+        epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL,
+        count BIGINT NOT NULL, PRIMARY KEY (client, epsilon, delta))""",
+    """CREATE TABLE IF NOT EXISTS answers (key BYTEA PRIMARY KEY, label INTEGER NOT NULL,
+        release_id BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS sessions (client TEXT NOT NULL, source_id TEXT NOT NULL,
+        mechanism TEXT NOT NULL, params TEXT NOT NULL, release_id BIGINT NOT NULL,
+        rho INTEGER NOT NULL, tops INTEGER NOT NULL,
+        PRIMARY KEY (client, source_id, mechanism))""",
+    _IDEMPOTENCY_TABLE,
+    API_KEYS_TABLE,
+
+    """CREATE OR REPLACE FUNCTION agt_append_only() RETURNS trigger LANGUAGE plpgsql AS
+        'BEGIN RAISE EXCEPTION ''the privacy ledger is append-only''; END'""",
+    *(f"""CREATE OR REPLACE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table}
+        FOR EACH ROW EXECUTE FUNCTION agt_append_only()""" for table in _PG_APPEND_ONLY),
+)
+#: every table of a PostgreSQL ledger (a database holding others is refused)
+POSTGRES_TABLES = {"ledger_meta", "releases", "rdp_charges", "data_dependent", "spend_totals",
+                   "client_totals", "answers", "sessions", "idempotency", "api_keys"}
+
+
+# -- creation and comparison ---------------------------------------------------------------
+
+def _check_given(given: dict) -> None:
+    problems = privacy_problems("privacy ledger")
+    if given["budget_epsilon"] is not None:
+        check_epsilon(given["budget_epsilon"], problems, name="budget_epsilon")
+    if given["budget_delta"] is not None:
+        check_delta(given["budget_delta"], problems, name="budget_delta", allow_zero=True)
+    if given["accountant"] is not None and given["accountant"] not in LEDGER_ACCOUNTANTS:
+        problems.add(f"accountant must be one of {LEDGER_ACCOUNTANTS}, got "
+                     f"{given['accountant']!r}")
+    if given["relation"] is not None:
+        check_relation(given["relation"], problems)
+    if given["per_query_epsilon"] is not None:
+        check_epsilon(given["per_query_epsilon"], problems, name="per_query_epsilon")
+    if given["per_query_delta"] is not None:
+        check_delta(given["per_query_delta"], problems, name="per_query_delta",
+                    allow_zero=True)
+    if given["delta_prime"] is not None:
+        check_delta(given["delta_prime"], problems, name="delta_prime")
+    sha = given["dataset_sha256"]
+    if sha is not None and (not isinstance(sha, str) or len(sha) != 64):
+        problems.add(f"dataset_sha256 must be a 64-digit hex string, got {sha!r}")
+    problems.raise_if_any()
+
+
+def _read_meta(store, path: str) -> dict | None:
+    cursor = store.execute("SELECT * FROM ledger_meta")
+    cols = [d[0] for d in cursor.description]
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    meta = dict(zip(cols, row))
+    if meta.get("format_version") != store.format_version:
+        raise PrivacyError(f"{path} is a ledger of format {meta.get('format_version')!r}; this "
+                           f"code reads format {store.format_version} of {store.kind} ledgers "
+                           f"(bound to one dataset and relation); start a new ledger "
+                           f"({store.kind == 'SQLite' and 'file' or 'database'})")
+    return meta
+
+
+def _create(store, path: str, given: dict) -> dict:
+    eps_t = given["budget_epsilon"]
+    if eps_t is None:
+        raise PrivacyError(f"{path} is a new ledger: give its total budget (budget_epsilon, "
+                           f"and budget_delta, default 0 for pure eps-DP releases)")
+    delta_t = 0.0 if given["budget_delta"] is None else float(given["budget_delta"])
+    pq_eps, pq_delta = given["per_query_epsilon"], given["per_query_delta"]
+    if pq_eps is None and pq_delta is not None:
+        raise PrivacyError("per_query_delta needs per_query_epsilon")
+    if pq_eps is not None and pq_delta is None:
+        pq_delta = 0.0
+    accountant = given["accountant"] or ("standard" if pq_eps is None else "best")
+    if accountant in _FIXED_ACCOUNTANTS and pq_eps is None:
+        raise PrivacyError(
+            f"the {accountant} accountant composes a sequence of per-query guarantees fixed in "
+            f"advance, not epsilons chosen release by release: create the ledger with a fixed "
+            f"per-query (epsilon, delta), or use the standard accountant")
+    if accountant in ("standard", "rdp") and pq_eps is not None:
+        pq_eps = pq_delta = None       # standard and Renyi composition need no fixed plan
+    if accountant == "rdp" and delta_t == 0:
+        raise PrivacyError("the rdp accountant converts Renyi curves to (eps, delta)-DP and "
+                           "needs budget_delta > 0 (e.g. 1e-5); use 'standard' for a pure-eps "
+                           "budget")
+    delta_prime = given["delta_prime"]
+    if accountant == "rdp" and delta_prime is not None:
+        raise PrivacyError("the rdp accountant takes no delta_prime (its conversion uses the "
+                           "whole budget_delta)")
+    Accountant("standard" if accountant == "rdp" else accountant, delta_prime)
+    if delta_prime is not None and delta_prime >= delta_t:
+        raise PrivacyError(f"delta_prime={delta_prime!r} must be below budget_delta="
+                           f"{delta_t!r}; lower delta_prime or leave it unset")
+    if accountant == "advanced" and delta_t == 0:
+        raise PrivacyError("the advanced accountant needs budget_delta > 0 (its slack delta' "
+                           "comes out of it); use 'standard' for a pure-eps budget")
+    if pq_eps is not None and (pq_eps > eps_t or pq_delta > delta_t):
+        raise PrivacyError(f"the per-query guarantee ({pq_eps!r}, {pq_delta!r}) exceeds the "
+                           f"total budget ({eps_t!r}, {delta_t!r})")
+    meta = {"format_version": store.format_version, "budget_epsilon": float(eps_t),
+            "budget_delta": delta_t, "accountant": accountant, "delta_prime": delta_prime,
+            "per_query_epsilon": None if pq_eps is None else float(pq_eps),
+            "per_query_delta": None if pq_delta is None else float(pq_delta),
+            "relation": given["relation"] or REPLACE_ONE,
+            "dataset_sha256": given["dataset_sha256"], "created": _now()}
+    store.execute("INSERT INTO ledger_meta (id, " + ", ".join(meta) + ") VALUES (1, "
+                 + ", ".join("?" * len(meta)) + ")", tuple(meta.values()))
+    return meta
+
+
+def _compare(path: str, meta: dict, given: dict) -> None:
+    stored, new = meta.get("dataset_sha256"), given.get("dataset_sha256")
+    if stored is not None and new is not None and stored != new:
+        raise PrivacyError(f"the ledger {path} accounts for another private dataset; one ledger "
+                           f"per private dataset (use that dataset's own ledger)")
+    mismatch = []
+    for key, value in given.items():
+        if value is None:
+            continue
+        stored = meta.get(key)
+        if key == "dataset_sha256" and stored is None:
+            continue           # bound by the first release
+        if key in ("per_query_epsilon", "per_query_delta") and \
+                meta["accountant"] in ("standard", "rdp"):
+            continue           # a standard ledger fixes no per-query guarantee
+        if value != stored:
+            mismatch.append(f"{key}={value!r} (stored {stored!r})")
+    if mismatch:
+        raise PrivacyError(f"{path} was created with other settings: {', '.join(mismatch)}; "
+                           f"omit these arguments to use the stored values, or use another "
+                           f"ledger file")
+
+

@@ -1,0 +1,205 @@
+"""The Ledger contract on both backends (an SQLite file and a real PostgreSQL database):
+the same budget checks, refusals, answers cache, client budgets, sessions, rdp accounting
+and idempotent retries; on PostgreSQL also: a versioned schema, append-only tables,
+processes that never over-spend together, and a connection terminated mid-transaction
+that loses nothing and charges a retry once."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from agt.errors import BudgetExceededError, PrivacyError
+from mechanisms import Certified, Ledger, Source, make_mechanism
+from mechanisms.ledger import AnswerRequest, IdempotencyError, hash_query
+from tests.mechanisms.test_ledger import SPENDER, python, wait_for
+from tests.postgres import pg_databases, postgres_url  # noqa: F401  (fixtures)
+
+SOURCE = Source("bundle-1", "a" * 64, ("replace-one",), True)
+
+
+def certified(n: int, seed: int, radius=None) -> Certified:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3))
+    r = rng.integers(-1, 12, size=n) if radius is None else np.full(n, radius)
+    return Certified(rng.integers(0, 2, size=n), r, 2, SOURCE,
+                     tuple(hash_query(q) for q in x))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def name(request, tmp_path) -> str:
+    """Where a new ledger goes: an SQLite file or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "l.db")
+    return request.getfixturevalue("postgres_url")
+
+
+def test_budget_is_refused_exactly_and_a_refusal_records_nothing(name):
+    gs = make_mechanism("gs", 0.25)
+    with Ledger.open(name, 1.0, 0.0) as ledger:
+        assert ledger.backend in ("SQLite", "PostgreSQL")
+        ledger.release(gs, certified(3, 1))
+        with pytest.raises(BudgetExceededError, match="at most 1 of these"):
+            ledger.release(gs, certified(2, 2))
+        assert ledger.spent().epsilon == 0.75 and len(ledger.entries()) == 3
+        ledger.release(gs, certified(1, 3))
+        assert ledger.spent().epsilon == 1.0          # exactly the budget, no tolerance
+        assert [e.id for e in ledger.entries()] == [1, 2, 3, 4]
+    with Ledger.open(name) as again:                   # reopened: the stored settings
+        assert again.budget_epsilon == 1.0 and again.spent().epsilon == 1.0
+        with pytest.raises(PrivacyError, match="other settings"):
+            Ledger.open(name, 2.0)
+        with pytest.raises(PrivacyError, match="another dataset"):
+            again.release(gs, Certified(np.array([1]), None, 2,
+                                        Source("b", "c" * 64, ("replace-one",), True)))
+
+
+def test_answers_cache_client_budgets_and_totals(name):
+    mech = make_mechanism("exp-radius", 0.5)
+    inputs = certified(20, 1)
+    with Ledger.open(name, budget_epsilon=12.0) as ledger:
+        first = ledger.answer(mech, inputs, client="a", client_budget=(10.0, 0.0))
+        assert first.charges == 20 and not first.cached.any()
+        again = ledger.answer(mech, inputs, client="b")
+        assert again.charges == 0 and again.cached.all()
+        assert np.array_equal(first.labels, again.labels)
+        with pytest.raises(BudgetExceededError, match="client a"):
+            ledger.answer(mech, certified(1, 2), client="a", client_budget=(10.0, 0.0))
+        out = ledger.answer_batch([AnswerRequest(mech, certified(5, 3), "b"),
+                                   AnswerRequest(mech, certified(1, 4), "c")])
+        assert isinstance(out[0], BudgetExceededError) and out[1].charges == 1
+        assert ledger.client_spent("a").epsilon == 10.0
+        assert ledger.client_spent("c").epsilon == 0.5 and ledger.client_spent("z") is None
+        assert ledger.spent().epsilon == 10.5 and len(ledger.entries()) == 21
+
+
+def test_gated_sessions_continue_across_requests_and_reopening(name):
+    svt = make_mechanism("svt", 1.0, 1e-5, cutoff=50)
+    inputs = certified(30, 6, radius=40)
+    with Ledger.open(name, budget_epsilon=10.0, budget_delta=1e-3) as ledger:
+        assert ledger.answer(svt, inputs.subset(slice(0, 10)), client="a").sessions_opened == 1
+    with Ledger.open(name) as ledger:
+        later = ledger.answer(svt, inputs.subset(slice(10, 30)), client="a")
+        assert later.sessions_opened == 0 and later.charges == 0
+        assert ledger.answer(svt, certified(5, 7, radius=40), client="b").sessions_opened == 1
+        assert ledger.spent().epsilon == pytest.approx(2.0)
+
+
+def test_rdp_ledger_composes_curves(name):
+    with Ledger.open(name, 8.0, 1e-5, "rdp") as ledger:
+        ledger.release(make_mechanism("gs", 0.5), certified(4, 1))
+        curve = ledger.spent_curve()
+        assert len(curve) > 0 and 0 < ledger.spent().epsilon <= 8.0
+        with pytest.raises(BudgetExceededError):
+            ledger.release(make_mechanism("gs", 0.5), certified(40, 2))
+
+
+def test_idempotent_retries_are_charged_once(name):
+    mech = make_mechanism("exp-radius", 0.5)
+    with Ledger.open(name, budget_epsilon=100.0) as ledger:
+        req = AnswerRequest(mech, certified(5, 1), "a", idempotency_key="k-1")
+        first = ledger.answer_batch([req])[0]
+        again = ledger.answer_batch([req])[0]
+        assert first.charges == 5 and again.charges == 5      # the same answer, recorded once
+        assert np.array_equal(first.labels, again.labels)
+        assert np.array_equal(first.cached, again.cached)
+        assert ledger.spent().epsilon == 2.5
+        other = ledger.answer_batch([AnswerRequest(mech, certified(5, 2), "a",
+                                                   idempotency_key="k-1")])[0]
+        assert isinstance(other, IdempotencyError) and "another request" in str(other)
+        # the key is the client's own: another client's equal key is another request
+        assert ledger.answer_batch([AnswerRequest(mech, certified(5, 2), "b",
+                                                  idempotency_key="k-1")])[0].charges == 5
+        assert ledger.spent().epsilon == 5.0
+
+
+# -- PostgreSQL only ------------------------------------------------------------------------
+
+def _execute(url: str, sql: str, *params):
+    import psycopg
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(sql, params or None).fetchall() if sql.lstrip().upper().startswith(
+            "SELECT") else conn.execute(sql, params or None)
+
+
+def test_postgres_schema_is_versioned_append_only_and_exclusive(pg_databases):  # noqa: F811
+    url = pg_databases.new()
+    with Ledger.open(url, 1.0) as ledger:
+        ledger.release(make_mechanism("gs", 0.25), certified(1, 1))
+    import psycopg
+    with pytest.raises(psycopg.Error, match="append-only"):
+        _execute(url, "UPDATE releases SET epsilon = 0.01")
+    with pytest.raises(psycopg.Error, match="append-only"):
+        _execute(url, "DELETE FROM releases")
+    _execute(url, "UPDATE ledger_meta SET format_version = 99")
+    with pytest.raises(PrivacyError, match="format 99"):
+        Ledger.open(url)
+    foreign = pg_databases.new()
+    _execute(foreign, "CREATE TABLE customers (id INTEGER)")
+    with pytest.raises(PrivacyError, match="another application"):
+        Ledger.open(foreign, 1.0)
+    assert _execute(foreign, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                    ) == [("customers",)]
+    with pytest.raises(PrivacyError, match="cannot connect"):
+        Ledger.open(url.rsplit("/", 1)[0] + "/agt_no_such_database", 1.0)
+
+
+@pytest.mark.slow
+def test_postgres_processes_never_overspend_together(postgres_url, tmp_path):  # noqa: F811
+    Ledger.open(postgres_url, 1.0, 0.0).close()
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready{i}" for i in range(4)]
+    procs = [python(SPENDER, postgres_url, str(go), str(r)) for r in ready]
+    for r in ready:
+        wait_for(r, timeout=60)
+    go.touch()
+    counts = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        counts.append(int(out))
+    assert sum(counts) == 64                      # 64 * 1/64 is exactly the budget
+    assert sum(c > 0 for c in counts) >= 2
+    with Ledger.open(postgres_url) as ledger:
+        assert ledger.spent().epsilon == 1.0 and len(ledger.entries()) == 64
+
+
+def test_a_terminated_connection_loses_nothing_and_a_retry_is_charged_once(postgres_url):  # noqa: F811
+    """The backend is terminated while the answering transaction holds the budget lock
+    (after the labels were drawn, before the commit): the request fails whole, nothing is
+    recorded, and the retry with the same idempotency key (on a new connection) is charged
+    once."""
+    mech = make_mechanism("exp-radius", 0.5)
+    req = AnswerRequest(mech, certified(6, 1), "a", idempotency_key="retry-1")
+    with Ledger.open(postgres_url, budget_epsilon=100.0) as ledger:
+        pid = ledger._conn.info.backend_pid
+
+        class Killer(np.random.Generator):
+            """A generator that terminates its ledger's connection while drawing."""
+
+            def integers(self, *args, **kwargs):
+                _execute(postgres_url, "SELECT pg_terminate_backend(%s)", pid)
+                return super().integers(*args, **kwargs)
+
+        with pytest.raises(PrivacyError, match="nothing was released"):
+            ledger.answer_batch([req], insecure_rng=Killer(np.random.PCG64(0)))
+        assert ledger.spent().epsilon == 0 and ledger.entries() == []   # reconnected
+        first = ledger.answer_batch([req])[0]
+        assert first.charges == 6
+        with Ledger.open(postgres_url) as replica:        # another process's connection
+            again = replica.answer_batch([req])[0]
+            assert np.array_equal(again.labels, first.labels)
+            assert replica.spent().epsilon == 3.0 and len(replica.entries()) == 6
+
+
+def test_a_connection_lost_while_idle_is_opened_again(postgres_url):  # noqa: F811
+    gs = make_mechanism("gs", 0.25)
+    with Ledger.open(postgres_url, 1.0) as ledger:
+        ledger.release(gs, certified(1, 1))
+        _execute(postgres_url, "SELECT pg_terminate_backend(%s)",
+                 ledger._conn.info.backend_pid)
+        time.sleep(0.2)
+        ledger.release(gs, certified(1, 2))         # a new connection, nothing lost
+        assert ledger.spent().epsilon == 0.5 and len(ledger.entries()) == 2
