@@ -104,7 +104,7 @@ def spend_chart(curve: list[dict], budget_epsilon: float, *, width: int = 720,
     _, y_budget = xy(0, budget_epsilon)
     ticks = "".join(
         f'<text x="{left - 6}" y="{top + h * (1 - f) + 4:.1f}" text-anchor="end">'
-        f"{y_max * f:.3g}</text>" for f in (0, 0.5, 1))
+        f"{y_max * f:.6g}</text>" for f in (0, 0.5, 1))
     return (
         f'<svg id="spend-chart" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'
@@ -119,6 +119,8 @@ def spend_chart(curve: list[dict], budget_epsilon: float, *, width: int = 720,
         f"{ticks}"
         f'<text x="{left}" y="{height - 10}">0</text>'
         f'<text x="{left + w}" y="{height - 10}" text-anchor="end">{m_max} charges</text>'
+        f'<text x="8" y="{top + h / 2:.1f}" transform="rotate(-90 8 {top + h / 2:.1f})" '
+        f'text-anchor="middle" dominant-baseline="hanging">epsilon</text>'
         f'<text x="{left + w / 2:.1f}" y="{height - 10}" text-anchor="middle">'
         f"charges recorded (oldest first)</text></svg>")
 

@@ -617,3 +617,103 @@ def test_schemathesis_finds_no_mismatch(world, narrow_server, tmp_path):
             capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
         assert "No issues found" in out.stdout
+
+
+def _chromium(profile: Path):
+    """A headless Debian chromium driven by Selenium (never a downloaded browser) with a
+    fresh profile folder, or a skip with the reason."""
+    import shutil
+
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service as DriverService
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if browser is None or driver is None:
+        pytest.skip("no chromium and chromedriver here (apt-get install chromium "
+                    "chromium-driver; .ci/run does)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync", "--window-size=1100,1500",
+                 f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=DriverService(executable_path=driver), options=options)
+
+
+def _owner_login(browser, url: str, key: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(url + "/owner")
+    browser.find_element(By.ID, "key").send_keys(key)
+    browser.find_element(By.ID, "open").click()
+
+
+def test_the_owners_page_in_a_real_browser(world, server, tmp_path):
+    """chromium opens /owner, the owner's key goes through the form (not the URL, no
+    cookie), and the page shows what the ledger holds: the charges, the dataset's spend,
+    each client's spend and charges; the radius histogram counts what this server answered;
+    a client's key is refused."""
+    from selenium.webdriver.common.by import By
+
+    d, keys, q = world
+    with Client(server.url, keys["bob"]) as bob:
+        bob.predict(q[2000:2012])
+    browser = _chromium(tmp_path / "profile")
+    try:
+        _owner_login(browser, server.url, keys["owner"])
+        assert browser.current_url == server.url + "/owner"      # the key is not in the URL
+        assert browser.get_cookies() == []
+        conn = sqlite3.connect(d / "l.db")
+        try:
+            charges = conn.execute("SELECT COUNT(*) FROM releases").fetchone()[0]
+            per_client = dict(conn.execute("SELECT client, SUM(epsilon * count) FROM "
+                                           "client_totals GROUP BY client"))
+            counts = dict(conn.execute("SELECT client, SUM(count) FROM client_totals "
+                                       "GROUP BY client"))
+        finally:
+            conn.close()
+        assert browser.find_element(By.ID, "charges").text == str(charges)
+        assert float(browser.find_element(By.ID, "spent-epsilon").text) == \
+            pytest.approx(sum(per_client.values()), rel=1e-5)
+        assert "exp-radius" in browser.find_element(By.ID, "mechanism").text
+        bob_id = KeyStore.load(d / "keys.json").authenticate(keys["bob"]).id
+        row = browser.find_element(By.CSS_SELECTOR, f'tr[data-client="{bob_id}"]')
+        assert float(row.find_element(By.CLASS_NAME, "spent").text) == \
+            pytest.approx(per_client[bob_id], rel=1e-5)
+        assert int(row.find_element(By.CLASS_NAME, "charges").text) == counts[bob_id]
+        assert int(row.find_element(By.CLASS_NAME, "answered").text) >= 12
+        bars = browser.find_elements(By.CSS_SELECTOR, "#radius-histogram rect.bar")
+        answered = sum(int(r.find_element(By.CLASS_NAME, "answered").text) for r in
+                       browser.find_elements(By.CSS_SELECTOR, "#clients tbody tr"))
+        assert bars and sum(int(b.get_attribute("data-count")) for b in bars) == answered
+        assert browser.find_element(By.ID, "spend-chart").is_displayed()
+        shot = os.environ.get("AGT_OWNER_PAGE_SCREENSHOT")
+        if shot:
+            browser.save_screenshot(shot)
+        _owner_login(browser, server.url, keys["alice"])
+        assert "needs the owner's key" in browser.find_element(By.ID, "error").text
+        assert not browser.find_elements(By.ID, "clients")
+        assert browser.get_cookies() == []
+    finally:
+        browser.quit()
+
+
+def test_the_owners_page_over_plain_http(world, server):
+    """Without a browser: the form, the page for the owner's key in a header, JSON refusals
+    for other callers, and headers that keep the page out of caches, frames and referrers."""
+    import httpx
+
+    _, keys, _ = world
+    form = httpx.get(server.url + "/owner", timeout=30)
+    assert form.status_code == 200 and 'method="post"' in form.text and "agt_" not in form.text
+    page = httpx.get(server.url + "/owner", timeout=30,
+                     headers={"authorization": f"Bearer {keys['owner']}"})
+    assert page.status_code == 200 and 'id="radius-histogram"' in page.text
+    assert page.headers["cache-control"] == "no-store" and "set-cookie" not in page.headers
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    for key, status in ((keys["alice"], 403), ("agt_nope", 401)):
+        r = httpx.post(server.url + "/owner", data={"key": key}, timeout=30)
+        assert r.status_code == status and isinstance(r.json()["detail"], str)
+        assert "radius" not in r.text
