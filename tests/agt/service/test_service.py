@@ -710,7 +710,7 @@ def test_the_owners_page_over_plain_http(world, server):
     assert form.status_code == 200 and 'method="post"' in form.text and "agt_" not in form.text
     page = httpx.get(server.url + "/owner", timeout=30,
                      headers={"authorization": f"Bearer {keys['owner']}"})
-    assert page.status_code == 200 and 'id="radius-histogram"' in page.text
+    assert page.status_code == 200 and 'id="clients"' in page.text
     assert page.headers["cache-control"] == "no-store" and "set-cookie" not in page.headers
     assert "default-src 'none'" in page.headers["content-security-policy"]
     for key, status in ((keys["alice"], 403), ("agt_nope", 401)):
