@@ -124,6 +124,8 @@ class PredictionService:
         self._counts: dict[str, list[int]] = {}
         self._radius_counts: Counter[int] = Counter()
         self.started = time.time()
+        #: the dataset's budget cannot pay for one more query: True, False, None (ask)
+        self._dataset_spent: bool | None = None
         self._failed: BaseException | None = None
         self._worker = threading.Thread(target=self._run, name="agt-serve-ledger", daemon=True)
         self._worker.start()
@@ -291,6 +293,19 @@ class PredictionService:
         except AGTError:
             return None
 
+    def _dataset_can_pay(self) -> bool:
+        """Whether the dataset's budget can pay for one more query (`Ledger.fits`), asked
+        once per batch. A ledger of the tight accountant composes a privacy-loss
+        distribution for it (about as costly as certifying a batch), so there the answer is
+        asked only at start and after the ledger refused a request on the dataset's budget;
+        once the budget cannot pay it never can again (spends only grow)."""
+        if self._charge is None or self._dataset_spent is True:
+            return self._charge is None
+        if self._ledger.accountant_name == "tight" and self._dataset_spent is False:
+            return True
+        self._dataset_spent = not self._ledger.fits(1, *self._charge)
+        return not self._dataset_spent
+
     def _unpayable(self, principal: Principal, dataset_fits: bool) -> BudgetExceededError | None:
         """The refusal of a client that cannot pay for one more query, decided before any
         certification from the ledger's running totals (or None: let the ledger decide).
@@ -331,7 +346,7 @@ class PredictionService:
                 continue
             try:
                 if dataset_fits is None:
-                    dataset_fits = self._charge is None or self._ledger.fits(1, *self._charge)
+                    dataset_fits = self._dataset_can_pay()
                 refusal = self._unpayable(task.principal, dataset_fits)
             except Exception as exc:             # the ledger cannot be read: as in _settle
                 refusal = PrivacyError(f"cannot read the privacy ledger ({type(exc).__name__})")
@@ -351,6 +366,9 @@ class PredictionService:
                 return
             for task, answer, radius in zip(predicts, answers, radii):
                 if isinstance(answer, Exception):
+                    if isinstance(answer, BudgetExceededError) and \
+                            not str(answer).startswith("client "):
+                        self._dataset_spent = None     # the dataset's budget: ask again
                     self._count(task.principal.id, refused=1)
                     task.future.set_exception(answer)
                 else:

@@ -66,10 +66,11 @@ class Server:
                 raise RuntimeError(f"agt serve exited: {self.proc.stderr.read()[-2000:]}")
             try:
                 with Client(self.url) as c:
-                    if c.health():
+                    if c.health():          # ready: the model answered its warm-up query
                         return
             except Exception:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         raise RuntimeError("agt serve did not answer in 120 s")
 
     def stop(self, sig=signal.SIGTERM) -> None:
