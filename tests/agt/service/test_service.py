@@ -511,6 +511,41 @@ def test_a_client_that_cannot_pay_is_refused_before_any_certification(world, tmp
         service.close()
 
 
+def test_under_the_tight_accountant_a_spent_dataset_is_refused_after_one_refusal(
+        world, tmp_path):
+    """The tight accountant's composition is costly, so the dataset's pre-check asks it at
+    start and after the ledger refused a request on the dataset's budget: from then on
+    requests are refused without certification."""
+    from agt.errors import BudgetExceededError
+    from agt.service.keys import Principal
+    from agt.service.server import PredictionService
+    from agt.store import read_bundle
+    from mechanisms import Ledger, make_mechanism
+
+    d, _, q = world
+    Ledger.open(tmp_path / "t.db", 2.5, 1e-5, "tight", per_query_epsilon=1.0,
+                per_query_delta=0.0).close()
+    service = PredictionService(read_bundle(d / "b.h5"), make_mechanism("exp-radius", 1.0),
+                                tmp_path / "t.db")
+    try:
+        certified = []
+        real = service._certifier.certify
+        service._certifier.certify = lambda x, **kw: (certified.append(len(x)),
+                                                      real(x, **kw))[1]
+        who = Principal("fay", "client")
+        outcomes = []
+        for i in range(5):
+            try:
+                service.submit(who, service.check_queries(q[i:i + 1])).result(60)
+                outcomes.append("answered")
+            except BudgetExceededError as exc:
+                outcomes.append("before" if "one more query" in str(exc) else "ledger")
+        assert outcomes == ["answered", "answered", "ledger", "before", "before"]
+        assert certified[-3:] == [1, 1, 1] and len(certified) <= 4    # (+ the warm-up)
+    finally:
+        service.close()
+
+
 def test_a_spent_client_learns_only_its_budget_state(world, server):
     """carol has spent her whole budget (test_over_the_budget_...): requests with different
     queries (stable and on the decision boundary) get the same 429, byte for byte."""
