@@ -77,7 +77,18 @@ class Client:
         return body
 
     def health(self) -> bool:
-        return self._call("GET", "/healthz").get("status") == "ok"
+        """True once the service is ready (its model warmed up); False while it starts.
+
+        Raises:
+            httpx.HTTPError: the service cannot be reached.
+        """
+        response = self._http.get("/healthz")
+        try:
+            body = response.json()
+        except ValueError:
+            return False
+        return response.status_code == 200 and isinstance(body, dict) and \
+            body.get("ready") is True
 
     def info(self) -> dict:
         """The mechanism, relation, input shape, classes and guarantee (public)."""

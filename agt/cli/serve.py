@@ -63,7 +63,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-body-bytes", type=positive_int, default=8 << 20,
                    help="largest request body (default 8 MiB)")
     p.add_argument("--max-connections", type=positive_int, default=256,
-                   help="open connections served at once; more get 503 (default 256)")
+                   help="requests served at once; more get a JSON 503 (default 256)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     add_mechanism_options(p, ensembles=True)
     p.set_defaults(func=run)
@@ -105,12 +105,12 @@ def run(args) -> int:
                                 budget_delta=args.budget_delta, accountant=args.accountant,
                                 relation=args.relation, device=args.device)
     app = create_app(service, keys, max_body_bytes=args.max_body_bytes,
-                     max_queries=args.max_queries)
+                     max_queries=args.max_queries, max_connections=args.max_connections)
     g = service.guarantee
     print(f"serving {mechanism.name} ({g.epsilon:.6g}, {g.delta:.3g})-DP per "
           f"{'query' if mechanism.per_query else 'session'} w.r.t. {g.relation} on "
           f"http://{args.host}:{args.port}/v1 (ledger {service.ledger_name}); Ctrl-C stops",
           flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                limit_concurrency=args.max_connections)
+    # (the app limits the requests served at once: uvicorn's own limit answers plain text)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0

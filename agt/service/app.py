@@ -11,17 +11,22 @@ Endpoints (JSON under /v1; the OpenAPI schema at /openapi.json):
 * ``GET /v1/budget`` (client or owner key): the caller's own spend and what remains to it
   and to the dataset.
 * ``GET /v1/info`` (public): the mechanism, relation, input shape, classes and guarantee.
-* ``GET /healthz`` (public).
+* ``GET /healthz`` (public): 200 ``{"status": "ok", "ready": true}`` once the model answered
+  its warm-up query, 503 ``{"status": "starting", "ready": false}`` before.
 * ``POST /v1/owner/radii`` and ``GET /v1/owner/ledger`` (owner key): the queries' radii and
   the ledger's entries. Owner-only: nothing a client receives depends on the private data
   except through the mechanism.
+* ``GET /owner`` and ``POST /owner`` (owner key, in a header or posted by the page's form,
+  never in the URL): the owner's page (`agt.service.owner_page`).
 
 Status codes: 400 malformed JSON or a wrong JSON type, 401 a missing or unknown key, 403 a
 client on an owner endpoint, 413 a body or a request over the limits, 422 queries of the
-wrong shape, with a NaN or infinite value or outside the declared domain, 429 a request over
-the client's or the dataset's budget (with what remains; nothing charged, nothing released),
-503 a ledger that cannot be written. Every refusal is one line ``{"detail": "..."}``,
-charges nothing and draws nothing.
+wrong shape, with a NaN or infinite value or outside the declared domain (and a bad query
+parameter), 429 a request over the client's or the dataset's budget (with what remains;
+nothing charged, nothing released), 503 a ledger that cannot be written or more requests at
+once than ``max_connections``. Every refusal is one line of JSON ``{"detail": "..."}``
+(documented per endpoint in the OpenAPI schema), charges nothing and draws nothing; the key
+is checked before anything else of the request.
 """
 
 from __future__ import annotations
@@ -32,27 +37,115 @@ import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from agt.errors import BudgetExceededError, DataError, PrivacyError
-from agt.service.keys import KeyStore, Principal
+from agt.service import owner_page
+from agt.service.keys import KeyRecord, KeyStore, Principal
 from agt.service.server import PredictionService
 
 #: defaults of the request limits
 MAX_BODY_BYTES = 8 << 20
 MAX_QUERIES = 10_000
+MAX_CONNECTIONS = 256
 
-_PREDICT_BODY = {
-    "required": True,
-    "content": {"application/json": {"schema": {
-        "type": "object", "required": ["queries"],
-        "properties": {"queries": {
-            "type": "array", "minItems": 1,
-            "description": "queries, each an array (nested to the model's input shape) of "
-                           "finite numbers",
-            "items": {"type": "array", "items": {}}}}}}}}
+
+class RefusalBody(BaseModel):
+    """Every refusal: one line saying what to change."""
+
+    detail: str
+
+
+class BudgetRefusalBody(BaseModel):
+    """A request over a budget (429): what remains to the caller and to the dataset, as in
+    ``/v1/budget`` (null where the caller's key has no budget of its own)."""
+
+    detail: str
+    remaining: dict | None = None
+
+
+_REASONS = {
+    400: "malformed JSON, or a body that is not {\"queries\": [...]}",
+    401: "a missing, unknown or revoked key",
+    403: "a client's key on an owner endpoint",
+    413: "a body over the byte limit or more queries than one request may hold",
+    422: "queries of the wrong shape, with a NaN or infinite value or outside the declared "
+         "input domain; a query parameter out of range",
+    429: "over the client's or the dataset's budget: nothing charged, nothing released",
+    503: "the ledger cannot be used now, the model is still warming up (healthz), or more "
+         "requests at once than the server takes; try again later",
+}
+
+
+def _refusals(*statuses: int) -> dict:
+    """OpenAPI ``responses`` for these refusal statuses (503 is possible on every path)."""
+    out = {}
+    for status in (*statuses, 503):
+        model = BudgetRefusalBody if status == 429 else RefusalBody
+        out[status] = {"model": model, "description": _REASONS[status]}
+    return out
+
+
+def _query_schema(input_shape: tuple[int, ...]) -> dict:
+    """JSON schema of one query: arrays nested to the model's input shape, of numbers."""
+    schema: dict = {"type": "number"}
+    for size in reversed(input_shape):
+        schema = {"type": "array", "items": schema, "minItems": size, "maxItems": size}
+    return schema
+
+
+def _queries_body(input_shape: tuple[int, ...], max_queries: int) -> dict:
+    """The OpenAPI request body of /v1/predict and /v1/owner/radii for this instance."""
+    return {
+        "required": True,
+        "content": {"application/json": {"schema": {
+            "type": "object", "required": ["queries"], "additionalProperties": False,
+            "properties": {"queries": {
+                # the count limit is not maxItems: over it is 413 (like a body over the byte
+                # limit), where a schema violation would be 400 or 422
+                "type": "array", "minItems": 1,
+                "description": f"queries, each an array of shape {list(input_shape)} of "
+                               f"finite numbers (inside the declared input domain, if any); "
+                               f"at most {int(max_queries)} per request (more: 413)",
+                "items": _query_schema(input_shape)}}}}}}
+
+
+_PREDICTION_SCHEMA = {"type": "object", "required": ["labels", "cached", "guarantee", "charged"],
+                      "properties": {
+                          "labels": {"type": "array", "items": {"type": ["integer", "null"]}},
+                          "cached": {"type": "array", "items": {"type": "boolean"}},
+                          "guarantee": {"type": "object"}, "charged": {"type": "object"},
+                          "session": {"type": "object"}}}
+
+
+class _ConcurrencyLimit:
+    """ASGI middleware: at most `limit` HTTP requests served at once; one more is answered
+    503 with a JSON body at once (uvicorn's own limit answers in plain text)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit, self.active = app, int(limit), 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.active >= self.limit:
+            busy = JSONResponse({"detail": f"the server is serving {self.limit} requests at "
+                                           f"once; try again in a moment"},
+                                status_code=503, headers={"retry-after": "1"})
+            await busy(scope, receive, send)
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
 
 
 class _Keys:
@@ -82,9 +175,14 @@ class _Keys:
             return None
         return self._store.authenticate(key)
 
+    def records(self) -> list[KeyRecord]:
+        """The stored keys (never a key itself), as last read."""
+        return [] if self._store is None else list(self._store.records)
+
 
 def create_app(service: PredictionService, keys_path, *,
-               max_body_bytes: int = MAX_BODY_BYTES, max_queries: int = MAX_QUERIES):
+               max_body_bytes: int = MAX_BODY_BYTES, max_queries: int = MAX_QUERIES,
+               max_connections: int = MAX_CONNECTIONS):
     """The FastAPI application serving ``service`` to the keys of ``keys_path``.
 
     Args:
@@ -94,6 +192,7 @@ def create_app(service: PredictionService, keys_path, *,
             PostgreSQL ledger, shared by replicas).
         max_body_bytes: the largest request body accepted.
         max_queries: the most queries one request may hold.
+        max_connections: the most requests served at once (one more gets a JSON 503).
 
     Returns:
         A FastAPI application (run it with uvicorn).
@@ -109,6 +208,11 @@ def create_app(service: PredictionService, keys_path, *,
                   description="Private predictions through the privacy ledger: labels and "
                               "their guarantee only.")
 
+    app.add_middleware(_ConcurrencyLimit, limit=max_connections)
+    queries_body = _queries_body(service.input_shape, max_queries)
+    # documents the scheme in the OpenAPI schema; the key itself is checked by principal_of
+    bearer = HTTPBearer(auto_error=False, description="an API key from agt keys add")
+
     class Refusal(Exception):
         def __init__(self, status: int, detail: str, **extra):
             self.status, self.detail, self.extra = status, detail, extra
@@ -116,6 +220,24 @@ def create_app(service: PredictionService, keys_path, *,
     @app.exception_handler(Refusal)
     async def refused(request, exc: Refusal):
         return JSONResponse({"detail": exc.detail, **exc.extra}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        # one line, like every other refusal (FastAPI's default is a list of objects)
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
+        return JSONResponse({"detail": f"{where}: {first.get('msg', 'invalid')}"},
+                            status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_refused(request, exc: StarletteHTTPException):
+        return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def failed(request, exc: Exception):
+        return JSONResponse({"detail": "internal error; nothing was released"},
+                            status_code=500)
 
     def principal_of(request, role: str | None = None) -> Principal:
         header = request.headers.get("authorization", "")
@@ -126,6 +248,13 @@ def create_app(service: PredictionService, keys_path, *,
         if role == "owner" and who.role != "owner":
             raise Refusal(403, "this endpoint needs the owner's key")
         return who
+
+    # dependencies run before FastAPI validates the query parameters: the key comes first
+    def client_key(request: Request, _=Depends(bearer)) -> Principal:
+        return principal_of(request)
+
+    def owner_key(request: Request, _=Depends(bearer)) -> Principal:
+        return principal_of(request, "owner")
 
     async def read_queries(request) -> object:
         size = request.headers.get("content-length")
@@ -174,17 +303,22 @@ def create_app(service: PredictionService, keys_path, *,
             raise Refusal(503, "the privacy ledger cannot be used now; nothing was released; "
                                "try again later") from None
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={503: {"model": RefusalBody, "description":
+                                          "still warming up, or too many requests at once"}})
     async def healthz():
-        return {"status": "ok"}
+        if not service.ready:
+            return JSONResponse({"status": "starting", "ready": False}, status_code=503)
+        return {"status": "ok", "ready": True}
 
-    @app.get("/v1/info")
+    @app.get("/v1/info", responses=_refusals())
     async def info():
         return service.info()
 
-    @app.post("/v1/predict", openapi_extra={"requestBody": _PREDICT_BODY})
-    async def predict(request: Request):
-        who = principal_of(request)
+    @app.post("/v1/predict", openapi_extra={"requestBody": queries_body},
+              responses={200: {"content": {"application/json": {"schema": _PREDICTION_SCHEMA}},
+                               "description": "the labels and their guarantee"},
+                         **_refusals(400, 401, 413, 422, 429)})
+    async def predict(request: Request, who: Principal = Depends(client_key)):
         x = await read_queries(request)
         retry = request.headers.get("idempotency-key")
         answered = await wait(service.submit(who, x, idempotency_key=retry), who)
@@ -200,23 +334,65 @@ def create_app(service: PredictionService, keys_path, *,
                               "closed": answered.session_closed}
         return Response(json.dumps(out).encode(), media_type="application/json")
 
-    @app.get("/v1/budget")
-    async def budget(request: Request):
-        who = principal_of(request)
+    @app.get("/v1/budget", responses=_refusals(401))
+    async def budget(who: Principal = Depends(client_key)):
         return await wait(service.budget(who))
 
-    @app.post("/v1/owner/radii", openapi_extra={"requestBody": _PREDICT_BODY})
-    async def radii(request: Request):
-        principal_of(request, "owner")
+    @app.post("/v1/owner/radii", openapi_extra={"requestBody": queries_body},
+              responses=_refusals(400, 401, 403, 413, 422))
+    async def radii(request: Request, _: Principal = Depends(owner_key)):
         x = await read_queries(request)
         return await wait(service.radii(x))
 
-    @app.get("/v1/owner/ledger")
-    async def ledger(request: Request, limit: int = 100):
-        principal_of(request, "owner")
-        if not 0 <= limit <= 100_000:
-            raise Refusal(422, "limit must be in [0, 100000]")
+    @app.get("/v1/owner/ledger", responses=_refusals(401, 403, 422))
+    async def ledger(_: Principal = Depends(owner_key),
+                     limit: int = Query(100, ge=0, le=100_000,
+                                        description="the newest entries, at most this many")):
         return await wait(service.entries(limit))
+
+    # -- the owner's page: HTML for a browser, JSON refusals for anything else ---------------
+
+    def owner_refusal(request, status: int, detail: str):
+        if "text/html" in request.headers.get("accept", ""):
+            return HTMLResponse(owner_page.login_page(detail), status_code=status,
+                                headers=owner_page.HEADERS)
+        return JSONResponse({"detail": detail}, status_code=status, headers=owner_page.HEADERS)
+
+    async def owner_view(request, key: str | None):
+        who = keys.authenticate(key)
+        if who is None:
+            return owner_refusal(request, 401, "that is not a valid key")
+        if who.role != "owner":
+            return owner_refusal(request, 403, "this page needs the owner's key")
+        clients = [{"id": r.id, "name": r.name, "role": r.role,
+                    "budget": None if r.budget_epsilon is None else
+                    {"epsilon": r.budget_epsilon, "delta": r.budget_delta}}
+                   for r in keys.records() if not r.revoked]
+        data = await wait(service.overview(clients))
+        return HTMLResponse(owner_page.overview_page(data), headers=owner_page.HEADERS)
+
+    @app.get("/owner", include_in_schema=False)
+    async def owner_get(request: Request):
+        header = request.headers.get("authorization", "")
+        if not header:
+            return HTMLResponse(owner_page.login_page(), headers=owner_page.HEADERS)
+        key = header[7:].strip() if header.lower().startswith("bearer ") else None
+        return await owner_view(request, key)
+
+    @app.post("/owner", include_in_schema=False)
+    async def owner_post(request: Request):
+        from urllib.parse import parse_qs
+
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > 4096:
+                return owner_refusal(request, 413, "the form is over 4096 bytes")
+        try:
+            key = parse_qs(body.decode("ascii"), max_num_fields=4).get("key", [None])[0]
+        except (UnicodeDecodeError, ValueError):
+            key = None
+        return await owner_view(request, key)
 
     return app
 

@@ -8,31 +8,48 @@ owns the ledger connection and the certifier; it takes every request waiting in 
 (up to a number of queries), certifies their queries in one pass, and answers them in one
 transaction, so one disk sync serves many requests. Every label leaves only after that
 transaction committed (`Ledger.answer_batch`).
+
+Two things happen before any certification. At start, the worker certifies one all-zero
+query (released to no one) so that the first request does not pay for loading the model
+(`ready` turns true after it). Per request of a per-query mechanism, a client whose budget
+(or the dataset's) cannot pay for one more query is refused from the running totals alone
+(`_unpayable`): it costs the server no certification, and the refusal depends only on what
+that client's own charges and the dataset's total are, never on its queries.
 """
 
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from agt.errors import AGTError, DataError, PrivacyError
+from agt.errors import AGTError, BudgetExceededError, DataError, PrivacyError
 from agt.service.keys import Principal
 
 #: the most queries the worker takes into one batch (requests are never split)
 BATCH_QUERIES = 4096
 #: seconds the worker waits for more requests to join a batch
 BATCH_WAIT = 0.002
+#: relative slack of the pre-certification budget check: it refuses only a client whose
+#: composed spend plus one charge is over its budget by more than the totals' rounding (the
+#: ledger's own check, exact and atomic, decides every other case)
+_PRECHECK_SLACK = 1e-9
+
+
+#: the most points of the owner's spend-over-time curve (each one is a composition)
+CURVE_POINTS = 48
 
 
 @dataclass(frozen=True)
 class _Task:
-    kind: str              # "predict", "radii", "budget", "entries"
+    kind: str              # "predict", "radii", "budget", "entries", "overview"
     principal: Principal | None
     payload: object
     future: Future
@@ -102,6 +119,15 @@ class PredictionService:
         self._ledger_path = str(ledger)
         self._queue: queue.Queue[_Task | None] = queue.Queue()
         self._ready = threading.Event()
+        self._warm = threading.Event()
+        # owner-only counts since this process started (the worker alone writes them): per
+        # client [queries answered anew, queries answered from the cache, requests refused],
+        # and how many answered queries had each stability radius
+        self._counts: dict[str, list[int]] = {}
+        self._radius_counts: Counter[int] = Counter()
+        self.started = time.time()
+        #: the dataset's budget cannot pay for one more query: True, False, None (ask)
+        self._dataset_spent: bool | None = None
         self._failed: BaseException | None = None
         self._worker = threading.Thread(target=self._run, name="agt-serve-ledger", daemon=True)
         self._worker.start()
@@ -121,6 +147,12 @@ class PredictionService:
                 "guarantee": {"epsilon": g.epsilon, "delta": g.delta, "relation": g.relation,
                               "per": "query" if self.mechanism.per_query else "session",
                               "statement": g.note}}
+
+    @property
+    def ready(self) -> bool:
+        """True once the model has answered its warm-up query (requests sent before then
+        wait in the queue; nothing is refused for it)."""
+        return self._warm.is_set()
 
     def check_queries(self, x) -> np.ndarray:
         """The queries as a float64 array (n, *input_shape), or a DataError naming the first
@@ -175,6 +207,13 @@ class PredictionService:
         """Owner-only: the ledger's newest entries."""
         return self._put("entries", None, int(limit))
 
+    def overview(self, clients: list[dict]) -> Future:
+        """Owner-only: what the owner's page shows (a future of a dict): the guarantee, the
+        dataset's spend over time, per client (``clients``: dicts with ``id``, ``name``,
+        ``role``, ``budget``) its spend and charges (the ledger's) and its answered, cached
+        and refused counts since this process started, and the radii of answered queries."""
+        return self._put("overview", None, list(clients))
+
     def close(self) -> None:
         """Finish the queued requests, then stop the worker and close the ledger."""
         self._queue.put(None)
@@ -214,7 +253,9 @@ class PredictionService:
             self._ledger = ledger
             #: the ledger's name for messages (a URL without its password)
             self.ledger_name = ledger.path
+            self._charge = self._charge_per_query(ledger)
             self._ready.set()
+            self._warm_up()
             while True:
                 task = self._queue.get()
                 if task is None:
@@ -237,25 +278,119 @@ class PredictionService:
                         size += len(nxt.payload)
                 self._serve(batch)
 
+    def _warm_up(self) -> None:
+        """Certify one all-zero query (its result is dropped) so that the model's first use
+        (loading, compiling) is paid before the service says it is ready."""
+        try:
+            self._inputs_for(np.zeros((1, *self.input_shape)), radii=self.mechanism.uses_radii)
+        except Exception:   # noqa: BLE001 - a first request will meet (and report) the same
+            pass
+        finally:
+            self._warm.set()
+
+    def _charge_per_query(self, ledger) -> tuple[float, float] | None:
+        """The (eps, delta) the ledger charges per new query of this per-query mechanism
+        (`Ledger.charge_for`), or None where the pre-certification check does not apply: a
+        session mechanism (a client's open session answers at no charge, and whether one is
+        open is the ledger's to say) or a guarantee the ledger would refuse anyway."""
+        if not self.mechanism.per_query:
+            return None
+        try:
+            return ledger.charge_for(self.guarantee)
+        except AGTError:
+            return None
+
+    def _dataset_can_pay(self) -> bool:
+        """Whether the dataset's budget can pay for one more query (`Ledger.fits`), asked
+        once per batch. A ledger of the tight accountant composes a privacy-loss
+        distribution for it (about as costly as certifying a batch), so there the answer is
+        asked only at start and after the ledger refused a request on the dataset's budget;
+        once the budget cannot pay it never can again (spends only grow)."""
+        if self._charge is None or self._dataset_spent is True:
+            return self._charge is None
+        if self._ledger.accountant_name == "tight" and self._dataset_spent is False:
+            return True
+        self._dataset_spent = not self._ledger.fits(1, *self._charge)
+        return not self._dataset_spent
+
+    def _unpayable(self, principal: Principal, dataset_fits: bool) -> BudgetExceededError | None:
+        """The refusal of a client that cannot pay for one more query, decided before any
+        certification from the ledger's running totals (or None: let the ledger decide).
+
+        The dataset: `Ledger.fits` (one more charge composed with every recorded one, the
+        ledger's own accountant: exact). The client's own budget under the standard
+        accountant: its composed spend s (`Ledger.client_spent`, rounded up) plus one charge
+        c is over its budget B when s + c > B (1 + 1e-9): the slack absorbs the rounding, so
+        no client that could pay is refused here. Under the best, advanced and tight
+        accountants only a charge larger than the whole budget is caught here (their totals
+        are not additive); the ledger refuses the rest after certification.
+        """
+        if self._charge is None:
+            return None
+        ledger, (eps, delta) = self._ledger, self._charge
+        if not dataset_fits:
+            return BudgetExceededError("the dataset's budget cannot pay for one more query")
+        if principal.budget is None:
+            return None
+        eps_b, delta_b = principal.budget
+        if ledger.accountant_name == "standard":
+            spent = ledger.client_spent(principal.id)
+            eps_s, delta_s = (0.0, 0.0) if spent is None else (spent.epsilon, spent.delta)
+        else:
+            eps_s = delta_s = 0.0
+        if eps_s + eps > eps_b * (1 + _PRECHECK_SLACK) or \
+                delta_s + delta > delta_b * (1 + _PRECHECK_SLACK):
+            return BudgetExceededError(
+                f"client {principal.id}: its budget cannot pay for one more query at "
+                f"(eps={eps!r}, delta={delta!r}); nothing was certified or released")
+        return None
+
     def _serve(self, batch: list[_Task]) -> None:
-        predicts = [t for t in batch if t.kind == "predict"]
+        predicts, dataset_fits = [], None
         for task in batch:
             if task.kind != "predict":
                 self._settle(task, self._other, task)
+                continue
+            try:
+                if dataset_fits is None:
+                    dataset_fits = self._dataset_can_pay()
+                refusal = self._unpayable(task.principal, dataset_fits)
+            except Exception as exc:             # the ledger cannot be read: as in _settle
+                refusal = PrivacyError(f"cannot read the privacy ledger ({type(exc).__name__})")
+            if refusal is None:
+                predicts.append(task)
+            else:
+                self._count(task.principal.id, refused=1)
+                task.future.set_exception(refusal)
         if predicts:
             try:
-                answers = self._answer(predicts)
+                answers, radii = self._answer(predicts)
             except BaseException as exc:          # the ledger failed: every request fails
                 for task in predicts:
                     task.future.set_exception(exc)
                 if not isinstance(exc, Exception):
                     raise
                 return
-            for task, answer in zip(predicts, answers):
+            for task, answer, radius in zip(predicts, answers, radii):
                 if isinstance(answer, Exception):
+                    if isinstance(answer, BudgetExceededError) and \
+                            not str(answer).startswith("client "):
+                        self._dataset_spent = None     # the dataset's budget: ask again
+                    self._count(task.principal.id, refused=1)
                     task.future.set_exception(answer)
                 else:
+                    fresh = ~np.asarray(answer.cached, dtype=bool)
+                    self._count(task.principal.id, answered=int(fresh.sum()),
+                                cached=int((~fresh).sum()))
+                    if radius is not None:
+                        self._radius_counts.update(int(r) for r in radius[fresh])
                     task.future.set_result(answer)
+
+    def _count(self, client: str, answered: int = 0, cached: int = 0, refused: int = 0) -> None:
+        row = self._counts.setdefault(client, [0, 0, 0])
+        row[0] += answered
+        row[1] += cached
+        row[2] += refused
 
     @staticmethod
     def _settle(task: _Task, fn, *args) -> None:
@@ -276,19 +411,34 @@ class PredictionService:
         hashes = hash_queries(x)
         return self._inputs.from_certificate(cert, hashes, with_radii=radii), cert
 
-    def _answer(self, tasks: list[_Task]) -> list:
+    def _answer(self, tasks: list[_Task]) -> tuple[list, list]:
+        """The ledger's answers to the tasks, and per task its queries' stability radii
+        (owner-only, for the owner's page; None where the mechanism computes none)."""
         from mechanisms.ledger import AnswerRequest
 
         x = np.concatenate([t.payload for t in tasks])
-        inputs, _ = self._inputs_for(x, radii=self.mechanism.uses_radii)
-        requests, start = [], 0
+        inputs, cert = self._inputs_for(x, radii=self.mechanism.uses_radii)
+        radius = self._radius_of(inputs, cert)
+        requests, radii, start = [], [], 0
         for task in tasks:
             n = len(task.payload)
             requests.append(AnswerRequest(self.mechanism, inputs.subset(slice(start, start + n)),
                                           task.principal.id, task.principal.budget,
                                           task.idempotency_key))
+            radii.append(None if radius is None else radius[start:start + n])
             start += n
-        return self._ledger.answer_batch(requests)
+        return self._ledger.answer_batch(requests), radii
+
+    def _radius_of(self, inputs, cert) -> np.ndarray | None:
+        """Each query's stability radius where it was computed: the model's, or the ensemble's
+        vote radius (`mechanisms.votes.ensemble_radius`)."""
+        if self.kind == "ensemble":
+            if getattr(inputs, "radii", None) is None:
+                return None
+            from mechanisms.votes import ensemble_radius
+            return np.asarray(ensemble_radius(inputs.votes, inputs.radii, "tight",
+                                              inputs.n_classes))
+        return None if cert.radius is None else np.asarray(cert.radius)
 
     def _other(self, task: _Task):
         ledger = self._ledger
@@ -307,6 +457,8 @@ class PredictionService:
                      "delta": e.delta, "seeded": e.seeded, "note": e.note} for e in rows]
         if task.kind == "budget":
             return self._budget(task.principal)
+        if task.kind == "overview":
+            return self._overview(task.payload)
         raise PrivacyError(f"internal: unknown task {task.kind!r}")
 
     def _budget(self, principal: Principal) -> dict:
@@ -329,3 +481,40 @@ class PredictionService:
             out["remaining"] = {"epsilon": max(0.0, eps_b - out["spent"]["epsilon"]),
                                 "delta": max(0.0, delta_b - out["spent"]["delta"])}
         return out
+
+    def _overview(self, clients: list[dict]) -> dict:
+        ledger = self._ledger
+        entries = ledger.entries()
+        # the composed spend after the first m charges, at up to CURVE_POINTS values of m
+        # (the ledger's accountant composes; each point is one composition)
+        steps = sorted({round(i * len(entries) / CURVE_POINTS)
+                        for i in range(1, CURVE_POINTS + 1)} - {0})
+        curve, groups, done = [], Counter(), 0
+        for m in steps:
+            groups.update((e.epsilon, e.delta) for e in entries[done:m])
+            done = m
+            total = ledger.accountant.compose_groups(
+                sorted((eps, delta, c) for (eps, delta), c in groups.items()),
+                delta_budget=ledger.budget_delta)
+            curve.append({"charges": m, "time": entries[m - 1].time,
+                          "epsilon": total.epsilon, "delta": total.delta})
+        # a charge's note names its client ("; client ID"): the ledger's record of who
+        charges = Counter(m.group(1) for e in entries
+                          for m in [re.search(r"; client (\w+)", e.note)] if m)
+        rows = []
+        for client in clients:
+            spent = ledger.client_spent(client["id"])
+            answered, cached, refused = self._counts.get(client["id"], (0, 0, 0))
+            rows.append({**client, "charges": charges.get(client["id"], 0),
+                         "spent": {"epsilon": 0.0 if spent is None else spent.epsilon,
+                                   "delta": 0.0 if spent is None else spent.delta},
+                         "answered": answered, "cached": cached, "refused": refused})
+        spent = ledger.spent()
+        return {"info": self.info(), "started": self.started,
+                "ledger": {"budget": {"epsilon": ledger.budget_epsilon,
+                                      "delta": ledger.budget_delta},
+                           "spent": {"epsilon": spent.epsilon, "delta": spent.delta},
+                           "accountant": ledger.accountant_name, "charges": len(entries)},
+                "curve": curve, "clients": rows,
+                "radii": dict(sorted(self._radius_counts.items()))
+                if self.mechanism.uses_radii else None}

@@ -66,10 +66,11 @@ class Server:
                 raise RuntimeError(f"agt serve exited: {self.proc.stderr.read()[-2000:]}")
             try:
                 with Client(self.url) as c:
-                    if c.health():
+                    if c.health():          # ready: the model answered its warm-up query
                         return
             except Exception:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         raise RuntimeError("agt serve did not answer in 120 s")
 
     def stop(self, sig=signal.SIGTERM) -> None:
@@ -463,3 +464,292 @@ def test_an_rdp_ledger_is_refused_when_the_service_starts(world, tmp_path):
     Ledger.open(path, 5.0, 1e-5, "rdp").close()
     with pytest.raises(PrivacyError, match="rdp ledger"):
         PredictionService(read_bundle(d / "b.h5"), make_mechanism("exp-radius", 0.5), path)
+
+
+# -- hardening (issue 47): no free work for a spent client, ready only when warm, JSON
+# refusals, the key before the parameters, the schema true to the behaviour, the owner's page
+
+
+def test_a_client_that_cannot_pay_is_refused_before_any_certification(world, tmp_path):
+    """A client whose budget cannot pay for one more query, and any client once the
+    dataset's budget cannot, are refused from the totals alone: the certifier is not called
+    (a spy counts its calls), and the refusal is the budget error."""
+    from agt.errors import BudgetExceededError
+    from agt.service.keys import Principal
+    from agt.service.server import PredictionService
+    from agt.store import read_bundle
+    from mechanisms import make_mechanism
+
+    d, _, q = world
+    service = PredictionService(read_bundle(d / "b.h5"), make_mechanism("exp-radius", 1.0),
+                                tmp_path / "l.db", budget_epsilon=3.0)
+    try:
+        deadline = time.monotonic() + 60
+        while not service.ready and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert service.ready
+        certified = []
+        real = service._certifier.certify
+
+        def spy(x, **kwargs):
+            certified.append(len(x))
+            return real(x, **kwargs)
+
+        service._certifier.certify = spy
+        dora = Principal("dora", "client", 2.0, 0.0)
+        service.submit(dora, service.check_queries(q[:2])).result(60)     # all of her 2
+        assert certified == [2]
+        with pytest.raises(BudgetExceededError, match="client dora: its budget cannot pay"):
+            service.submit(dora, service.check_queries(q[10:1010])).result(60)
+        assert certified == [2]                    # 1,000 queries: not one certified
+        erin = Principal("erin", "client")         # no budget of her own
+        service.submit(erin, service.check_queries(q[20:21])).result(60)  # the dataset's last
+        with pytest.raises(BudgetExceededError, match="dataset's budget cannot pay"):
+            service.submit(erin, service.check_queries(q[30:530])).result(60)
+        assert certified == [2, 1]
+    finally:
+        service.close()
+
+
+def test_under_the_tight_accountant_a_spent_dataset_is_refused_after_one_refusal(
+        world, tmp_path):
+    """The tight accountant's composition is costly, so the dataset's pre-check asks it at
+    start and after the ledger refused a request on the dataset's budget: from then on
+    requests are refused without certification."""
+    from agt.errors import BudgetExceededError
+    from agt.service.keys import Principal
+    from agt.service.server import PredictionService
+    from agt.store import read_bundle
+    from mechanisms import Ledger, make_mechanism
+
+    d, _, q = world
+    Ledger.open(tmp_path / "t.db", 2.5, 1e-5, "tight", per_query_epsilon=1.0,
+                per_query_delta=0.0).close()
+    service = PredictionService(read_bundle(d / "b.h5"), make_mechanism("exp-radius", 1.0),
+                                tmp_path / "t.db")
+    try:
+        certified = []
+        real = service._certifier.certify
+        service._certifier.certify = lambda x, **kw: (certified.append(len(x)),
+                                                      real(x, **kw))[1]
+        who = Principal("fay", "client")
+        outcomes = []
+        for i in range(5):
+            try:
+                service.submit(who, service.check_queries(q[i:i + 1])).result(60)
+                outcomes.append("answered")
+            except BudgetExceededError as exc:
+                outcomes.append("before" if "one more query" in str(exc) else "ledger")
+        assert outcomes == ["answered", "answered", "ledger", "before", "before"]
+        assert certified[-3:] == [1, 1, 1] and len(certified) <= 4    # (+ the warm-up)
+    finally:
+        service.close()
+
+
+def test_a_spent_client_learns_only_its_budget_state(world, server):
+    """carol has spent her whole budget (test_over_the_budget_...): requests with different
+    queries (stable and on the decision boundary) get the same 429, byte for byte."""
+    _, keys, q = world
+    import httpx
+
+    with Client(server.url, keys["owner"]) as owner:
+        radius = np.array(owner.radii(q[:400])["radius"])
+    bodies = set()
+    for batch in (q[:400][radius == radius.max()][:3], q[:400][radius <= 0][:3], q[600:1600]):
+        r = httpx.post(server.url + "/v1/predict", json={"queries": batch.tolist()}, timeout=60,
+                       headers={"authorization": f"Bearer {keys['carol']}"})
+        assert r.status_code == 429 and r.headers["content-type"] == "application/json"
+        bodies.add(r.content)
+    assert len(bodies) == 1
+    body = json.loads(bodies.pop())
+    assert body["remaining"]["client"] == {"epsilon": 0.0, "delta": 0.0}
+    assert "one more query" in body["detail"]
+
+
+def test_healthz_says_ready_and_refusals_put_the_key_first(world, server):
+    import httpx
+
+    _, keys, _ = world
+    r = httpx.get(server.url + "/healthz", timeout=30)
+    assert r.status_code == 200 and r.json() == {"status": "ok", "ready": True}
+    url = server.url + "/v1/owner/ledger?limit=abc"
+    for key, status in ((None, 401), (keys["alice"], 403), (keys["owner"], 422)):
+        r = httpx.get(url, timeout=30,
+                      headers={"authorization": f"Bearer {key}"} if key else {})
+        assert r.status_code == status, r.text
+        detail = r.json()["detail"]
+        assert isinstance(detail, str) and "\n" not in detail
+    r = httpx.get(server.url + "/v1/owner/ledger?limit=-1", timeout=30,
+                  headers={"authorization": f"Bearer {keys['owner']}"})
+    assert r.status_code == 422 and isinstance(r.json()["detail"], str)
+    r = httpx.post(server.url + "/v1/owner/radii", content=b"{not json", timeout=30)
+    assert r.status_code == 401                    # the key before the body
+
+
+@pytest.fixture(scope="module")
+def narrow_server(world, tmp_path_factory):
+    """A server that serves one request at a time (for the 503 and the schema fuzzer)."""
+    d, _, _ = world
+    t = tmp_path_factory.mktemp("narrow")
+    for name in ("b.h5", "keys.json"):
+        (t / name).write_bytes((d / name).read_bytes())
+    srv = Server(t, "--max-connections", "1", "--max-queries", "64", budget="1000000")
+    yield srv
+    srv.stop()
+
+
+def test_one_request_too_many_is_a_json_503(world, narrow_server):
+    """A request held open (its body not finished) fills the only place; the next request
+    is refused at once with a JSON 503; once the first finishes, requests are served."""
+    import httpx
+
+    _, keys, q = world
+    url = narrow_server.url
+    gate, results = threading.Event(), []
+
+    def body():
+        yield b'{"queries": '
+        gate.wait(60)
+        yield json.dumps(q[:1].tolist()).encode() + b"}"
+
+    def held():
+        results.append(httpx.post(url + "/v1/predict", content=body(), timeout=60,
+                                  headers={"authorization": f"Bearer {keys['alice']}",
+                                           "content-type": "application/json"}))
+
+    thread = threading.Thread(target=held)
+    thread.start()
+    try:
+        deadline, refused = time.monotonic() + 30, None
+        while refused is None and time.monotonic() < deadline:
+            r = httpx.get(url + "/v1/info", timeout=30)
+            if r.status_code == 503:
+                refused = r
+            time.sleep(0.02)
+    finally:
+        gate.set()
+        thread.join(60)
+    assert refused is not None, "the held request never filled the only place"
+    assert refused.headers["content-type"] == "application/json"
+    assert "requests at once" in refused.json()["detail"]
+    assert results and results[0].status_code == 200, results
+    assert httpx.get(url + "/v1/info", timeout=30).status_code == 200
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_mismatch(world, narrow_server, tmp_path):
+    """schemathesis (every check) against the served schema with the owner's key on every
+    operation and with a client's key on the client's operations: no failure."""
+    pytest.importorskip("schemathesis")
+    _, keys, _ = world
+    runs = ((keys["owner"], [], "11"),
+            (keys["alice"], ["--exclude-path-regex", "^/v1/owner/"], "12"))
+    for key, extra, seed in runs:
+        out = subprocess.run(
+            [sys.executable, "-m", "schemathesis.cli", "run",
+             narrow_server.url + "/openapi.json", "--checks", "all",
+             "-H", f"Authorization: Bearer {key}", "--max-examples", "15", "--seed", seed,
+             "--generation-database", "none", "--no-color", *extra],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+        assert "No issues found" in out.stdout
+
+
+def _chromium(profile: Path):
+    """A headless Debian chromium driven by Selenium (never a downloaded browser) with a
+    fresh profile folder, or a skip with the reason."""
+    import shutil
+
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service as DriverService
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if browser is None or driver is None:
+        pytest.skip("no chromium and chromedriver here (apt-get install chromium "
+                    "chromium-driver; .ci/run does)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync", "--window-size=1100,1500",
+                 f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=DriverService(executable_path=driver), options=options)
+
+
+def _owner_login(browser, url: str, key: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(url + "/owner")
+    browser.find_element(By.ID, "key").send_keys(key)
+    browser.find_element(By.ID, "open").click()
+
+
+def test_the_owners_page_in_a_real_browser(world, server, tmp_path):
+    """chromium opens /owner, the owner's key goes through the form (not the URL, no
+    cookie), and the page shows what the ledger holds: the charges, the dataset's spend,
+    each client's spend and charges; the radius histogram counts what this server answered;
+    a client's key is refused."""
+    from selenium.webdriver.common.by import By
+
+    d, keys, q = world
+    with Client(server.url, keys["bob"]) as bob:
+        bob.predict(q[2000:2012])
+    browser = _chromium(tmp_path / "profile")
+    try:
+        _owner_login(browser, server.url, keys["owner"])
+        assert browser.current_url == server.url + "/owner"      # the key is not in the URL
+        assert browser.get_cookies() == []
+        conn = sqlite3.connect(d / "l.db")
+        try:
+            charges = conn.execute("SELECT COUNT(*) FROM releases").fetchone()[0]
+            per_client = dict(conn.execute("SELECT client, SUM(epsilon * count) FROM "
+                                           "client_totals GROUP BY client"))
+            counts = dict(conn.execute("SELECT client, SUM(count) FROM client_totals "
+                                       "GROUP BY client"))
+        finally:
+            conn.close()
+        assert browser.find_element(By.ID, "charges").text == str(charges)
+        assert float(browser.find_element(By.ID, "spent-epsilon").text) == \
+            pytest.approx(sum(per_client.values()), rel=1e-5)
+        assert "exp-radius" in browser.find_element(By.ID, "mechanism").text
+        bob_id = KeyStore.load(d / "keys.json").authenticate(keys["bob"]).id
+        row = browser.find_element(By.CSS_SELECTOR, f'tr[data-client="{bob_id}"]')
+        assert float(row.find_element(By.CLASS_NAME, "spent").text) == \
+            pytest.approx(per_client[bob_id], rel=1e-5)
+        assert int(row.find_element(By.CLASS_NAME, "charges").text) == counts[bob_id]
+        assert int(row.find_element(By.CLASS_NAME, "answered").text) >= 12
+        bars = browser.find_elements(By.CSS_SELECTOR, "#radius-histogram rect.bar")
+        answered = sum(int(r.find_element(By.CLASS_NAME, "answered").text) for r in
+                       browser.find_elements(By.CSS_SELECTOR, "#clients tbody tr"))
+        assert bars and sum(int(b.get_attribute("data-count")) for b in bars) == answered
+        assert browser.find_element(By.ID, "spend-chart").is_displayed()
+        shot = os.environ.get("AGT_OWNER_PAGE_SCREENSHOT")
+        if shot:
+            browser.save_screenshot(shot)
+        _owner_login(browser, server.url, keys["alice"])
+        assert "needs the owner's key" in browser.find_element(By.ID, "error").text
+        assert not browser.find_elements(By.ID, "clients")
+        assert browser.get_cookies() == []
+    finally:
+        browser.quit()
+
+
+def test_the_owners_page_over_plain_http(world, server):
+    """Without a browser: the form, the page for the owner's key in a header, JSON refusals
+    for other callers, and headers that keep the page out of caches, frames and referrers."""
+    import httpx
+
+    _, keys, _ = world
+    form = httpx.get(server.url + "/owner", timeout=30)
+    assert form.status_code == 200 and 'method="post"' in form.text and "agt_" not in form.text
+    page = httpx.get(server.url + "/owner", timeout=30,
+                     headers={"authorization": f"Bearer {keys['owner']}"})
+    assert page.status_code == 200 and 'id="clients"' in page.text
+    assert page.headers["cache-control"] == "no-store" and "set-cookie" not in page.headers
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    for key, status in ((keys["alice"], 403), ("agt_nope", 401)):
+        r = httpx.post(server.url + "/owner", data={"key": key}, timeout=30)
+        assert r.status_code == status and isinstance(r.json()["detail"], str)
+        assert "radius" not in r.text
