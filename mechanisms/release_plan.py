@@ -25,14 +25,14 @@ that no ledger charges. Plan on public queries or a public surrogate's bundle to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from agt.errors import AGTError, ConfigError
 from mechanisms.accounting import ACCOUNTANTS, plan_queries
-from mechanisms.base import load_registry, make_mechanism
+from mechanisms.base import Mechanism, load_registry, make_mechanism
 from mechanisms.checks import check_count, check_delta, check_epsilon, privacy_problems
 from mechanisms.expectation import Expectation, expect, simulate_expectation
 from mechanisms.guarantee import REPLACE_ONE, check_relation
@@ -60,6 +60,8 @@ class PlanRow:
         delta_per_query: its delta (0 for pure eps-DP).
         per_query: False for a session (one guarantee for all B queries).
         expectation: the expected fractions (`Expectation`).
+        planned: the mechanism object at these parameters (what `Ledger.release` takes
+            to make this release; None for rows built by hand).
     """
 
     mechanism: str
@@ -68,6 +70,7 @@ class PlanRow:
     delta_per_query: float
     per_query: bool
     expectation: Expectation
+    planned: Mechanism | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         """The row as `agt plan --json` prints it (`JSON_KEYS`; accuracy null without
@@ -231,7 +234,7 @@ def plan_release(inputs: Certified | Votes, n_queries: int, epsilon_total: float
                 cache[key] = _expectation(mech, inputs, labels, n_queries, relation,
                                           monte_carlo_draws, rng)
             rows.append(PlanRow(name, accountant, g.epsilon, g.delta, mech.per_query,
-                                cache[key]))
+                                cache[key], mech))
     labelled = labels is not None
     ranked = sorted(rows, key=lambda r: _score(r, order), reverse=True)
     best = ranked[0] if ranked else None

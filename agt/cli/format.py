@@ -216,8 +216,9 @@ def plan_text(plan) -> str:
             + ("" if plan.labelled else "; no labels: accuracy not computed"))
     parts = [OWNER_ONLY_NOTE, head, plan_table(plan.rows)]
     if plan.skipped:
-        parts.append("not applicable: " + "; ".join(f"{name} ({why.split(': ', 1)[-1]})"
-                                                    for name, why in plan.skipped))
+        parts.append("not applicable: " + "; ".join(
+            f"{name} ({why.removeprefix(name.split('/')[0] + ': ')})"
+            for name, why in plan.skipped))
     parts.append(("recommended: " if plan.recommended is not None else "") + plan.reason)
     return "\n".join(parts)
 

@@ -145,7 +145,7 @@ def dry_run_or_check(args, mechanism, inputs, accountant: str, n_k_values: int,
                                 labels=labels)
     g = mechanism.guarantee_for(inputs, args.relation or "replace-one")
     row = PlanRow(mechanism.name, accountant, g.epsilon, g.delta, mechanism.per_query,
-                  expectation)
+                  expectation, mechanism)
     print(OWNER_ONLY_NOTE)
     print(f"dry run: the plan of this release of {inputs.n_queries} queries (nothing charged, "
           f"no ledger opened)")

@@ -118,6 +118,7 @@ def test_plan_uses_the_accounting_inverse_and_recommends_the_best_row():
     best = max(plan.rows, key=lambda r: r.expectation.accuracy)
     assert plan.recommended.expectation.accuracy == best.expectation.accuracy
     assert plan.recommended.mechanism in plan.reason
+    assert plan.recommended.planned.name == plan.recommended.mechanism    # ready to release
     out = plan.to_json()
     assert set(out) == {"rows", "recommended"} and out["recommended"] == best.mechanism
     assert all(tuple(r) == JSON_KEYS for r in out["rows"])
