@@ -26,10 +26,25 @@ from mechanisms.base import Mechanism
 from mechanisms.expectation import Expectation, expect
 from mechanisms.inputs import Votes
 
-__all__ = ["MIN_ANSWERED", "largest_radius", "check_release"]
+__all__ = ["MIN_ANSWERED", "largest_radius", "refusal", "check_release",
+           "check_min_answered"]
 
 #: the default least expected answered fraction of a release
 MIN_ANSWERED = 0.05
+
+
+def check_min_answered(min_answered: object) -> None:
+    """Validate a least expected answered fraction.
+
+    Args:
+        min_answered: the value given.
+
+    Raises:
+        ConfigError: not a number in [0, 1].
+    """
+    if isinstance(min_answered, bool) or not isinstance(min_answered, (int, float)) \
+            or not 0.0 <= min_answered <= 1.0:
+        raise ConfigError(f"min_answered must be a fraction in [0, 1], got {min_answered!r}")
 
 
 def largest_radius(inputs, n_k_values: int) -> int:
@@ -99,22 +114,41 @@ def check_release(mechanism: Mechanism, inputs, *, n_k_values: int | None = None
             `min_answered`; a one-line reason that names the override.
         ConfigError: min_answered outside [0, 1].
     """
-    if isinstance(min_answered, bool) or not isinstance(min_answered, (int, float)) \
-            or not 0.0 <= min_answered <= 1.0:
-        raise ConfigError(f"min_answered must be a fraction in [0, 1], got {min_answered!r}")
     expectation = expect(mechanism, inputs, labels)
-    if force:
-        return expectation
-    override = "nothing was charged; override with --force (library: force=True)"
+    reason = None if force else refusal(mechanism, inputs, expectation, n_k_values,
+                                        min_answered)
+    if reason is not None:
+        raise ReleaseRefusedError(f"refused before spending: {reason}; nothing was charged; "
+                                  f"override with --force (library: force=True)")
+    return expectation
+
+
+def refusal(mechanism: Mechanism, inputs, expectation: Expectation,
+            n_k_values: int | None = None, min_answered: float = MIN_ANSWERED) -> str | None:
+    """Why the check before spending refuses a release, or None when it does not.
+
+    Args:
+        mechanism: the mechanism at the parameters to be charged.
+        inputs: its inputs.
+        expectation: the release's `Expectation` (`expectation.expect`).
+        n_k_values: the length of the k grid behind the radii; None skips the threshold
+            rules.
+        min_answered: the least expected answered fraction, in [0, 1].
+
+    Returns:
+        A one-line reason (module docstring's rules, in order), or None.
+
+    Raises:
+        ConfigError: min_answered outside [0, 1].
+    """
+    check_min_answered(min_answered)
     if n_k_values is not None and mechanism.uses_radii:
         problem = _threshold_problem(mechanism, largest_radius(inputs, n_k_values))
         if problem:
-            raise ReleaseRefusedError(f"refused before spending: {problem} (expected answered "
-                                      f"{expectation.answered:.1%}); raise epsilon or use "
-                                      f"exp-radius; {override}")
+            return (f"{problem} (expected answered {expectation.answered:.1%}); raise epsilon "
+                    f"or use exp-radius")
     if expectation.answered < min_answered:
-        raise ReleaseRefusedError(
-            f"refused before spending: {mechanism.name} is expected to answer "
-            f"{expectation.answered:.1%} of the {inputs.n_queries} queries, below the minimum "
-            f"{min_answered:.1%} (--min-answered); raise epsilon or use exp-radius; {override}")
-    return expectation
+        return (f"{mechanism.name} is expected to answer {expectation.answered:.1%} of the "
+                f"{inputs.n_queries} queries, below the minimum {min_answered:.1%} "
+                f"(--min-answered); raise epsilon or use exp-radius")
+    return None

@@ -14,8 +14,10 @@ accountant that can compose it:
 * the expected answered fraction, agreement with the served model and, with labels,
   accuracy (mechanisms/expectation.py: exact laws; Monte Carlo with its standard error for
   a mechanism without one);
-* a recommendation: the row of highest expected accuracy (agreement without labels), ties
-  to the higher answered fraction, then to pure eps-DP, then to the registry's order.
+* whether the check before spending (mechanisms/release_check.py) would refuse it;
+* a recommendation: among the rows the check passes (all rows if it passes none), the one of
+  highest expected accuracy (agreement without labels), ties to the higher answered
+  fraction, then to pure eps-DP, then to the registry's order.
 
 The plan is OWNER-ONLY: it is a function of the radii and votes, so printing or publishing
 it leaks about the private data, and choosing a mechanism by it is a data-dependent choice
@@ -37,6 +39,7 @@ from mechanisms.checks import check_count, check_delta, check_epsilon, privacy_p
 from mechanisms.expectation import Expectation, expect, simulate_expectation
 from mechanisms.guarantee import REPLACE_ONE, check_relation
 from mechanisms.inputs import Certified, Votes
+from mechanisms.release_check import MIN_ANSWERED, check_min_answered, refusal
 
 __all__ = ["PLAN_ACCOUNTANTS", "PlanRow", "ReleasePlan", "plan_release", "SESSION_ACCOUNTANT"]
 
@@ -62,6 +65,8 @@ class PlanRow:
         expectation: the expected fractions (`Expectation`).
         planned: the mechanism object at these parameters (what `Ledger.release` takes
             to make this release; None for rows built by hand).
+        refused: why the check before spending refuses this release
+            (`release_check.refusal`), None when it passes.
     """
 
     mechanism: str
@@ -71,6 +76,7 @@ class PlanRow:
     per_query: bool
     expectation: Expectation
     planned: Mechanism | None = field(default=None, repr=False, compare=False)
+    refused: str | None = None
 
     def to_json(self) -> dict:
         """The row as `agt plan --json` prints it (`JSON_KEYS`; accuracy null without
@@ -141,6 +147,8 @@ def plan_release(inputs: Certified | Votes, n_queries: int, epsilon_total: float
                  mechanisms: tuple[str, ...] | None = None,
                  accountants: tuple[str, ...] = PLAN_ACCOUNTANTS,
                  options: dict[str, dict] | None = None,
+                 n_k_values: int | None = None,
+                 min_answered: float = MIN_ANSWERED,
                  monte_carlo_draws: int = 200,
                  rng: np.random.Generator | None = None) -> ReleasePlan:
     """Plan a release of B queries within a total budget (module docstring).
@@ -165,6 +173,9 @@ def plan_release(inputs: Certified | Votes, n_queries: int, epsilon_total: float
         mechanisms: registry names to plan (default every one releasing these inputs).
         accountants: accountants to plan with (default every one; see `PLAN_ACCOUNTANTS`).
         options: per-mechanism options, e.g. ``{"svt": {"cutoff": 5}}``.
+        n_k_values: the length of the k grid behind the radii, for the check's threshold
+            rules (None: only its answered-fraction rule).
+        min_answered: the check's least expected answered fraction.
         monte_carlo_draws: draws for a mechanism without a closed-form law (>= 2).
         rng: generator of those draws (default a fixed seed: the plan is reproducible).
 
@@ -177,6 +188,7 @@ def plan_release(inputs: Certified | Votes, n_queries: int, epsilon_total: float
             these inputs.
         DataError: labels that are not one class per query.
     """
+    check_min_answered(min_answered)
     problems = privacy_problems("release plan")
     check_epsilon(epsilon_total, problems, name="epsilon_total")
     check_delta(delta_total, problems, name="delta_total", allow_zero=True)
@@ -234,9 +246,11 @@ def plan_release(inputs: Certified | Votes, n_queries: int, epsilon_total: float
                 cache[key] = _expectation(mech, inputs, labels, n_queries, relation,
                                           monte_carlo_draws, rng)
             rows.append(PlanRow(name, accountant, g.epsilon, g.delta, mech.per_query,
-                                cache[key], mech))
+                                cache[key], mech,
+                                refusal(mech, inputs, cache[key], n_k_values, min_answered)))
     labelled = labels is not None
-    ranked = sorted(rows, key=lambda r: _score(r, order), reverse=True)
+    passing = [r for r in rows if r.refused is None] or rows
+    ranked = sorted(passing, key=lambda r: _score(r, order), reverse=True)
     best = ranked[0] if ranked else None
     runner_up = next((r for r in ranked if best is not None and r.mechanism != best.mechanism),
                      None)

@@ -202,9 +202,12 @@ def plan_table(rows) -> str:
             acc += f" (+-{e.standard_error:.3f} MC)"
         lines.append(f"{r.mechanism:<16}{r.accountant:<11}{eps_label:>11}"
                      f"{r.delta_per_query:>12.3g}{e.answered:>10.4f}{e.agreement:>11.4f}"
-                     f"{acc:>10}")
+                     f"{acc:>10}" + ("  refused" if r.refused else ""))
     if any(not r.per_query for r in rows):
         lines.append("* a session: one (eps, delta) for all its queries")
+    if any(r.refused for r in rows):
+        lines.append("refused: the check before spending refuses it (answers too little, or "
+                     "a threshold above the grid's largest radius) unless --force")
     return "\n".join(lines)
 
 

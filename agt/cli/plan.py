@@ -19,6 +19,7 @@ import json
 
 from agt.cli.format import (
     OWNER_ONLY_NOTE,
+    fraction,
     non_empty,
     plan_table,
     plan_text,
@@ -57,6 +58,9 @@ def add_parser(sub) -> None:
                    help="svt / ens-svt: unstable queries a session answers (default 10)")
     p.add_argument("--fallback", choices=("exp-radius", "refuse"),
                    help="svt / ens-svt: the answer of an unstable query (default exp-radius)")
+    p.add_argument("--min-answered", type=fraction, default=0.05, metavar="F",
+                   help="mark (and do not recommend) the releases the check before spending "
+                        "refuses at this least expected answered fraction (default 0.05)")
     p.add_argument("--json", action="store_true",
                    help='print {"rows": [...], "recommended": name} (null where a value does '
                         'not apply)')
@@ -100,13 +104,14 @@ def run(args) -> int:
     from mechanisms.release_plan import PLAN_ACCOUNTANTS, plan_release
 
     x, y = load_npz_queries(args.data, split=args.split)
-    inputs, _ = certified_inputs(args.bounds, args.ensemble, x, args.device)
+    inputs, n_k_values = certified_inputs(args.bounds, args.ensemble, x, args.device)
     gate = {k: v for k, v in (("cutoff", args.cutoff), ("fallback", args.fallback))
             if v is not None}
     plan = plan_release(inputs, args.queries or len(x), args.epsilon_total, args.delta_total,
                         args.relation, y,
                         accountants=tuple(dict.fromkeys(args.accountant or PLAN_ACCOUNTANTS)),
-                        options={"svt": gate, "ens-svt": gate})
+                        options={"svt": gate, "ens-svt": gate}, n_k_values=n_k_values,
+                        min_answered=args.min_answered)
     if args.json:
         print(json.dumps(plan.to_json()))
     else:

@@ -115,7 +115,12 @@ def test_plan_uses_the_accounting_inverse_and_recommends_the_best_row():
     assert rows[("svt", "standard")].epsilon_per_query == 2.0
     assert ("gs", "standard") not in rows and any(n == "gs" for n, _ in plan.skipped)
     assert any(n == "ptr/rdp" for n, _ in plan.skipped)                     # no Renyi curve
-    best = max(plan.rows, key=lambda r: r.expectation.accuracy)
+    # ptr answers nothing at these eps: marked refused by the check, and not recommended
+    assert rows[("ptr", "standard")].refused and "below the minimum" in \
+        rows[("ptr", "standard")].refused
+    assert rows[("exp-radius", "standard")].refused is None
+    best = max((r for r in plan.rows if r.refused is None),
+               key=lambda r: r.expectation.accuracy)
     assert plan.recommended.expectation.accuracy == best.expectation.accuracy
     assert plan.recommended.mechanism in plan.reason
     assert plan.recommended.planned.name == plan.recommended.mechanism    # ready to release

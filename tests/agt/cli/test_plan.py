@@ -57,8 +57,11 @@ def test_plan_json_shape_and_owner_only_text(setup, capsys):
     exp = next(r for r in plan["rows"] if (r["mechanism"], r["accountant"])
                == ("exp-radius", "standard"))
     assert exp["epsilon_per_query"] == pytest.approx(0.5) and exp["delta_per_query"] == 0
+    assert plan["recommended"] not in ("ptr", "svt")      # refused by the check: not chosen
     rc, text, _ = run(capsys, *common, "--queries", "40")
     assert rc == 0 and "OWNER-ONLY" in text and "B = 40" in text and "recommended:" in text
+    ptr_line = next(line for line in text.splitlines() if line.startswith("ptr "))
+    assert ptr_line.endswith("refused")
     assert default_ledgers() == before                  # a plan opens no ledger
 
 
