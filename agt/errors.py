@@ -51,6 +51,12 @@ class BudgetExceededError(PrivacyError):
     """A release would exceed the remaining privacy budget; nothing was released."""
 
 
+class ReleaseRefusedError(PrivacyError):
+    """The owner's check before spending refused a release that is expected to return
+    almost nothing (mechanisms/release_check.py); nothing was charged. Owner-only: the
+    reason is a function of the radii."""
+
+
 # The error a collection of problems raises: the first kind present in this order.
 _PRECEDENCE = (BudgetExceededError, PrivacyError, SoundnessError, BundleError, DataError,
                ConfigError, WorkerError, AGTError)

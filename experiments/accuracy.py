@@ -2,7 +2,8 @@
 
 Every mechanism object knows the exact probability that its release equals a given label
 (`Mechanism.correct_probability`); the expected accuracy over the queries is the mean of
-those per-query probabilities, an exact number without Monte Carlo error.
+those per-query probabilities, an exact number without Monte Carlo error. The laws and the
+simulated release live in mechanisms/expectation.py (release plans use them too).
 
 The sampled accuracies simulate deployments: each draw releases the queries through a fresh
 in-memory `Ledger` (the one door of mechanisms/ledger/) of the experiment's relation,
@@ -22,41 +23,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from mechanisms import REPLACE_ONE, Ledger, Mechanism
-from mechanisms.accounting import standard_composition
-from mechanisms.rdp import compose_curves, curve_epsilon
+from mechanisms import REPLACE_ONE, Mechanism
+from mechanisms.expectation import expected_accuracy, simulate
 
 RELATION = REPLACE_ONE
 
 
-def expected_accuracy(mechanism: Mechanism, inputs, y: np.ndarray) -> float:
-    """Mean over the queries of P(release == y) (a refusal counts as wrong)."""
-    return float(mechanism.correct_probability(inputs, y).mean())
-
-
-def simulate(mechanism: Mechanism, inputs, rng: np.random.Generator) -> np.ndarray:
-    """One deployment: release every query of `inputs` through a fresh in-memory ledger
-    whose budget is what the releases compose to (standard composition; a session's own
-    guarantee)."""
-    g = mechanism.guarantee_for(inputs, RELATION)
-    accountant = "standard"
-    if g.rdp is not None and mechanism.per_query:
-        # a Renyi mechanism (gnmax, confident-gnmax): an rdp ledger sized to its composed
-        # curve (standard composition of its per-query (eps, delta) can exceed delta = 1)
-        accountant, delta_t = "rdp", g.delta
-        eps_t = curve_epsilon(compose_curves([(g.rdp, inputs.n_queries)]), delta_t)[0]
-    elif mechanism.per_query:
-        eps_t, delta_t = standard_composition(g.epsilon, g.delta, inputs.n_queries)
-    else:                       # a session: one guarantee for all its queries
-        eps_t, delta_t = g.epsilon, g.delta
-    with Ledger.in_memory(eps_t, delta_t, accountant, relation=RELATION,
-                          dataset_sha256=inputs.source.dataset_sha256) as ledger:
-        return ledger.release(mechanism, inputs, insecure_rng=rng).labels
+__all__ = ["RELATION", "expected_accuracy", "simulate", "sampled_accuracy", "mean_std",
+           "evaluate", "evaluate_seeds"]
 
 
 def sampled_accuracy(mechanism: Mechanism, inputs, y: np.ndarray, rngs) -> list[float]:
     """Accuracy of one simulated deployment per generator."""
-    return [float(np.mean(simulate(mechanism, inputs, rng) == y)) for rng in rngs]
+    return [float(np.mean(simulate(mechanism, inputs, rng, RELATION) == y)) for rng in rngs]
 
 
 def mean_std(values) -> tuple[float, float]:

@@ -171,18 +171,9 @@ def _gated(ctx: Context, s, inputs, y: np.ndarray) -> list[dict]:
 
 
 def _answered(mech, inputs, n: int, q: int) -> float:
-    """Expected fraction of queries a gated session labels (stable, or unstable within the
-    cutoff with a fallback that answers)."""
-    from mechanisms.radius import answer_and_radius, gated_correct_probability
-
-    total = 0.0
-    fb = 1.0 if mech.fallback != "refuse" else 0.0
-    for c in chunks(n, q):
-        sub = inputs.subset(c)
-        _, radius = answer_and_radius(sub)
-        total += gated_correct_probability(np.ones(len(radius), bool), np.full(len(radius), fb),
-                                           radius, mech.threshold, *mech.rates,
-                                           int(mech.cutoff)).sum()
+    """Expected fraction of queries a gated session labels over the deployments of q
+    queries (the law lives in mechanisms: `Mechanism.answered_probability`)."""
+    total = sum(float(mech.answered_probability(inputs.subset(c)).sum()) for c in chunks(n, q))
     return min(1.0, total / n)
 
 

@@ -15,6 +15,9 @@ predictions into released labels is `Ledger.release(mechanism, inputs)`:
   loss_perturbation.py  loss-pert (+ Gaussian): draws B, the owner's solver trains on it
   guarantee.py    Guarantee (eps, delta, relation) and relation conversion
   accounting.py   composition (standard, advanced, tight PLD), its inverse, query plans
+  expectation.py  exact expected answered fraction, agreement, accuracy; Monte Carlo check
+  release_plan.py plan_release: every mechanism x accountant for B queries (owner-only)
+  release_check.py check_release: refuse a release expected to answer too little
   ledger/         the ledger bound to one dataset and one relation: check, record, draw
                   (SQLite or PostgreSQL; charge.py is where a spend is checked and committed)
   noise.py        secure generators, closed forms of threshold and PTR releases
@@ -38,6 +41,8 @@ if TYPE_CHECKING:          # for type checkers and the API reference; not run
     from mechanisms.guarantee import ADD_REMOVE, RELATIONS, REPLACE_ONE, Guarantee
     from mechanisms.inputs import Certified, Source, Votes
     from mechanisms.ledger import Ledger, LedgerEntry, Release, default_ledger_path, hash_query
+    from mechanisms.release_check import check_release
+    from mechanisms.release_plan import PlanRow, ReleasePlan, plan_release
 
 #: public name -> the module that defines it
 _LAZY = {
@@ -48,6 +53,8 @@ _LAZY = {
     **dict.fromkeys(("Certified", "Source", "Votes"), "mechanisms.inputs"),
     **dict.fromkeys(("Ledger", "LedgerEntry", "Release", "default_ledger_path", "hash_query"),
                     "mechanisms.ledger"),
+    **dict.fromkeys(("plan_release", "ReleasePlan", "PlanRow"), "mechanisms.release_plan"),
+    "check_release": "mechanisms.release_check",
 }
 
 
@@ -74,4 +81,5 @@ def __dir__() -> list[str]:
 
 __all__ = ["Mechanism", "MECHANISMS", "REFUSED", "make_mechanism", "mechanism_names",
            "Guarantee", "RELATIONS", "REPLACE_ONE", "ADD_REMOVE", "Certified", "Votes",
-           "Source", "Ledger", "LedgerEntry", "Release", "default_ledger_path", "hash_query"]
+           "Source", "Ledger", "LedgerEntry", "Release", "default_ledger_path", "hash_query",
+           "plan_release", "ReleasePlan", "PlanRow", "check_release"]

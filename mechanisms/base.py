@@ -13,8 +13,9 @@ A mechanism is a frozen object whose parameters are validated once, at construct
                                declines to answer). Product code never calls this directly:
                                `Ledger.release` (ledger/) records the spend first;
   correct_probability(inputs, y)  the exact probability that the release equals y, per
-                               query (a refusal counts as wrong), used by experiments for
-                               exact expected accuracies.
+                               query (a refusal counts as wrong), used by experiments and
+                               release plans for exact expected accuracies;
+  answered_probability(inputs)  the exact probability, per query, of an answer (expectation.py).
 
 `MECHANISMS` maps each registry name (the one name used by the CLI, the experiments and
 the ledger) to its entry; `make_mechanism(name, epsilon, delta, **options)` builds one.
@@ -139,6 +140,25 @@ class Mechanism(ABC):
         if y.shape != (inputs.n_queries,):
             raise DataError(f"labels y must have shape ({inputs.n_queries},), got {y.shape}")
         return np.clip(np.asarray(self._correct(inputs, y.astype(np.int64)), np.float64), 0.0, 1.0)
+
+    def answered_probability(self, inputs) -> NDArray[np.float64]:
+        """Exact probability, per query, that the release is a label (not REFUSED).
+
+        P(L != REFUSED) = sum_y P(L = y) over the C classes, since a release is one of them
+        or a refusal; mechanisms with a cheaper form of the same law override this.
+
+        Args:
+            inputs: validated-on-call inputs of this mechanism (Q queries).
+
+        Returns:
+            (Q,) probabilities in [0, 1].
+
+        Raises:
+            DataError: inputs this mechanism cannot release.
+        """
+        total = sum(self.correct_probability(inputs, np.full(inputs.n_queries, y))
+                    for y in range(inputs.n_classes))
+        return np.clip(np.asarray(total, np.float64), 0.0, 1.0)
 
 
 @dataclass(frozen=True)

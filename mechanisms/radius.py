@@ -466,6 +466,24 @@ class SparseVectorGate(Mechanism):
         return gated_correct_probability(answer == y, fb, radius, self.threshold,
                                          *self.rates, int(self.cutoff))
 
+    def answered_probability(self, inputs) -> NDArray[np.float64]:
+        """P(answer) per query in one pass of the session's law: a stable query is always
+        answered, an unstable one within the cutoff when the fallback answers
+        (`gated_correct_probability` with every stable answer and fallback counted right).
+
+        Args:
+            inputs: this session's inputs, in the order it answers them.
+
+        Returns:
+            (Q,) probabilities in [0, 1].
+        """
+        self.check(inputs)
+        _, radius = answer_and_radius(inputs)
+        fb = 1.0 if self.fallback != "refuse" else 0.0
+        return np.clip(gated_correct_probability(
+            np.ones(len(radius), bool), np.full(len(radius), fb), radius, self.threshold,
+            *self.rates, int(self.cutoff)), 0.0, 1.0)
+
 
 GATE_GRID_POINTS = 8001      # threshold-noise values summed exactly; wider laws go in blocks
 

@@ -151,7 +151,8 @@ def mechanism_options(args) -> dict:
 
 
 def add_release_options(p, out_help: str, accountant_help: str, ensembles: bool) -> None:
-    """The options every release command shares: ledger, relation, seed and output."""
+    """The options every release command shares: ledger, relation, seed, output and the
+    check before spending (--out is required unless --dry-run: `require_out`)."""
     p.add_argument("--ledger", type=non_empty,
                    help="SQLite privacy ledger (default: the private dataset's own ledger "
                         "under $AGT_LEDGER_DIR or ~/.agt/ledgers); created if missing")
@@ -162,6 +163,85 @@ def add_release_options(p, out_help: str, accountant_help: str, ensembles: bool)
     p.add_argument("--insecure-seed", type=non_negative_int, metavar="N",
                    help="EXPERIMENTS ONLY: seed the noise (anyone who knows N can remove it); "
                         "recorded in the ledger; the output says only that the noise was seeded")
-    p.add_argument("--out", required=True, type=non_empty, help=out_help)
+    p.add_argument("--out", type=non_empty, help=out_help + " (required unless --dry-run)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    add_spend_check_options(p)
     add_mechanism_options(p, ensembles)
+
+
+def require_out(args) -> None:
+    """A release writes --out; only a dry run goes without it."""
+    from agt.errors import ConfigError
+
+    if args.out is None and not args.dry_run:
+        raise ConfigError("give --out (the release's output file), or --dry-run to plan "
+                          "without releasing")
+
+
+# -- release plans (owner-only) ------------------------------------------------------------
+
+OWNER_ONLY_NOTE = ("OWNER-ONLY: this plan is a function of the radii and votes of your private "
+                   "data; do not publish it. Choosing a mechanism by it is a data-dependent "
+                   "choice (docs/privacy.md: plan on public queries or a public surrogate).")
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def plan_table(rows) -> str:
+    """The rows of a release plan (`mechanisms.release_plan.PlanRow`) as a text table."""
+    head = (f"{'mechanism':<16}{'accountant':<11}{'eps/query':>11}{'delta/query':>12}"
+            f"{'answered':>10}{'agreement':>11}{'accuracy':>10}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        e = r.expectation
+        eps_label = f"{r.epsilon_per_query:.4g}" + ("" if r.per_query else "*")
+        acc = _cell(e.accuracy, ".4f")
+        if e.law != "exact":
+            acc += f" (+-{e.standard_error:.3f} MC)"
+        lines.append(f"{r.mechanism:<16}{r.accountant:<11}{eps_label:>11}"
+                     f"{r.delta_per_query:>12.3g}{e.answered:>10.4f}{e.agreement:>11.4f}"
+                     f"{acc:>10}" + ("  refused" if r.refused else ""))
+    if any(not r.per_query for r in rows):
+        lines.append("* a session: one (eps, delta) for all its queries")
+    if any(r.refused for r in rows):
+        lines.append("refused: the check before spending refuses it (answers too little, or "
+                     "a threshold above the grid's largest radius) unless --force")
+    return "\n".join(lines)
+
+
+def plan_text(plan) -> str:
+    """A `mechanisms.release_plan.ReleasePlan` as the owner reads it."""
+    head = (f"release plan for B = {plan.n_queries} queries within ({plan.epsilon_total:.6g}, "
+            f"{plan.delta_total:.3g})-DP w.r.t. {plan.relation}; expectations (exact laws) on "
+            f"{plan.n_sample} sample queries"
+            + ("" if plan.labelled else "; no labels: accuracy not computed"))
+    parts = [OWNER_ONLY_NOTE, head, plan_table(plan.rows)]
+    if plan.skipped:
+        parts.append("not applicable: " + "; ".join(
+            f"{name} ({why.removeprefix(name.split('/')[0] + ': ')})"
+            for name, why in plan.skipped))
+    parts.append(("recommended: " if plan.recommended is not None else "") + plan.reason)
+    return "\n".join(parts)
+
+
+def add_spend_check_options(p) -> None:
+    """--dry-run, --min-answered and --force of the owner's release commands."""
+    p.add_argument("--dry-run", action="store_true",
+                   help="print this release's plan (owner-only: expected answered fraction, "
+                        "agreement, accuracy) and stop: nothing is charged, no ledger created")
+    p.add_argument("--min-answered", type=fraction, default=0.05, metavar="F",
+                   help="refuse, before charging, a release expected to answer less than "
+                        "this fraction of its queries, or whose svt / ptr threshold is above "
+                        "the largest radius of the k grid (default 0.05)")
+    p.add_argument("--force", action="store_true",
+                   help="release even when the check before spending refuses it")
+
+
+def fraction(text: str) -> float:
+    """A fraction in [0, 1]."""
+    value = finite_float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
+    return value

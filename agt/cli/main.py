@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         certify,
         inspect,
         keys,
+        plan,
         predict,
         reproduce,
         serve,
@@ -55,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agt", description="Abstract Gradient Training: sound "
                                 "parameter bounds and smooth-sensitivity private prediction")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (train, inspect, certify, predict, teacher_labels, reproduce, serve, keys,
-                   audit):
+    for module in (train, inspect, certify, plan, predict, teacher_labels, reproduce, serve,
+                   keys, audit):
         module.add_parser(sub)
     return p
 

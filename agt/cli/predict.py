@@ -2,10 +2,12 @@
 
 Order of operations (check, then commit, then release): the mechanism's parameters and the
 output path are checked first; then the bundle is read and the queries certified (owner-side
-inputs); the ledger (bound to the bundle's private dataset and one relation) checks the whole
-batch against its budget in one transaction and records it; only then is noise drawn; the
-labels are written last. Everything that can fail before the spend is checked before it; a
-failure after it (disk full) says that the budget was spent.
+inputs); the check before spending (mechanisms/release_check.py) refuses a release expected
+to answer too little, unless --force, and --dry-run prints this release's plan and stops,
+both before any ledger is opened; the ledger (bound to the bundle's private dataset and one
+relation) checks the whole batch against its budget in one transaction and records it; only
+then is noise drawn; the labels are written last. Everything that can fail before the spend
+is checked before it; a failure after it (disk full) says that the budget was spent.
 
 The output holds ``index,label`` only (label -1 where a mechanism gave no answer). Radii,
 margins and the dataset or bundle hashes are never written or printed by this command: they
@@ -25,9 +27,11 @@ from agt.cli.format import (
     mechanism_options,
     non_empty,
     positive_float,
+    require_out,
     unit_float,
 )
 from agt.cli.ledgers import SpendGuard, default_ledger_unnamed, open_ledger, write_after_spend
+from agt.cli.plan import dry_run_or_check
 
 
 def add_parser(sub) -> None:
@@ -67,18 +71,24 @@ def run(args) -> int:
     from mechanisms import Certified, default_ledger_path, make_mechanism
     from mechanisms.ledger import hash_query
 
+    require_out(args)
     mechanism = make_mechanism(args.mechanism, args.epsilon, args.delta,
                                **mechanism_options(args))
-    out = check_output(args.out, suffixes=(".csv",), overwrite=args.overwrite)
-    check_not_an_input(out, {"--ledger": args.ledger, "--bounds": args.bounds,
-                             "--data": args.data})
+    if not args.dry_run:
+        out = check_output(args.out, suffixes=(".csv",), overwrite=args.overwrite)
+        check_not_an_input(out, {"--ledger": args.ledger, "--bounds": args.bounds,
+                                 "--data": args.data})
     bundle = read_bundle(args.bounds)
-    x, _ = load_npz_queries(args.data, split=args.split)
+    x, y = load_npz_queries(args.data, split=args.split)
     cert = Certifier(bundle).certify(x, radii=mechanism.uses_radii)
     inputs = Certified.from_certificate(cert, [hash_query(q) for q in x],
                                         with_radii=mechanism.uses_radii)
     mechanism.check(inputs)
     per_query = mechanism.guarantee_for(inputs, args.relation or "replace-one")
+    # before any ledger is opened or created: a refusal or a dry run charges nothing
+    if dry_run_or_check(args, mechanism, inputs, args.accountant or "standard",
+                        len(cert.k_values), y):
+        return 0
     default = None if args.ledger else default_ledger_path(inputs.source.dataset_sha256)
     with default_ledger_unnamed(default), SpendGuard() as guard:
         with open_ledger(args.ledger, inputs.source.dataset_sha256, args.budget_epsilon,

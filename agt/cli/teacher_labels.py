@@ -4,7 +4,9 @@ Order of operations (check, then commit, then release): the output path and the 
 config are checked first; the ensemble (or one bundle) and the public queries are read and the
 owner-side inputs computed (votes, radii); the per-query guarantee is planned for the Q
 queries (a new ledger fixes it for accountants other than standard; a standard ledger plans
-from what is left); the ledger records all Q spends in one transaction; only then is noise
+from what is left); the check before spending refuses a release expected to answer too
+little (unless --force) and --dry-run prints the plan and stops, both before a new ledger
+file is created; the ledger records all Q spends in one transaction; only then is noise
 drawn; the labels file is written last. A refusal draws no noise and writes nothing.
 
 The labels file holds only what was released (labels, -1 where a mechanism gave no answer)
@@ -27,6 +29,7 @@ from agt.cli.format import (
     non_empty,
     non_negative_int,
     positive_float,
+    require_out,
     unit_float,
 )
 from agt.cli.ledgers import (
@@ -36,6 +39,7 @@ from agt.cli.ledgers import (
     open_ledger,
     write_after_spend,
 )
+from agt.cli.plan import dry_run_or_check
 from agt.errors import ConfigError, PrivacyError
 
 
@@ -136,9 +140,12 @@ def run(args) -> int:
     from mechanisms.ledger import hash_query, is_url
     from mechanisms.rdp_plan import plan_renyi
 
-    out = check_output(args.out, suffixes=(".npz",), overwrite=args.overwrite)
-    check_not_an_input(out, {"--ledger": args.ledger, "--ensemble": args.ensemble,
-                             "--public": args.public, "--student-config": args.student_config})
+    require_out(args)
+    if not args.dry_run:
+        out = check_output(args.out, suffixes=(".npz",), overwrite=args.overwrite)
+        check_not_an_input(out, {"--ledger": args.ledger, "--ensemble": args.ensemble,
+                                 "--public": args.public,
+                                 "--student-config": args.student_config})
     if args.student_config and not args.train_student:
         raise ConfigError("--student-config needs --train-student")
     entry = MECHANISMS[args.mechanism]
@@ -185,6 +192,10 @@ def run(args) -> int:
                 mechanism = make_mechanism(args.mechanism, eps_q,
                                            delta_q if entry.needs_delta else None, **options)
             g = mechanism.guarantee_for(inputs, args.relation or "replace-one")
+            # before the ledger file is created: a refusal or a dry run leaves none
+            if dry_run_or_check(args, mechanism, inputs, accountant, len(cert.k_values),
+                                y_public):
+                return 0
             ledger = open_ledger(args.ledger, dataset, args.epsilon_total, args.delta_total,
                                  accountant, args.relation, (g.epsilon, g.delta),
                                  "--epsilon-total and --delta-total", release=(mechanism, inputs))
@@ -193,9 +204,14 @@ def run(args) -> int:
                                  relation=args.relation, dataset_sha256=dataset)
             try:
                 mechanism = _mechanism_for(ledger, args, entry, q, options, not probe.per_query)
+                stop = dry_run_or_check(args, mechanism, inputs, ledger.accountant_name,
+                                        len(cert.k_values), y_public)
             except BaseException:
                 ledger.close()
                 raise
+            if stop:
+                ledger.close()
+                return 0
         with SpendGuard() as guard:
             with ledger:
                 released = ledger.release(mechanism, inputs, insecure_seed=args.insecure_seed)

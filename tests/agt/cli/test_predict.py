@@ -142,10 +142,12 @@ def test_certify_plot(setup, tmp_path):
 
 def test_predict_gated_session_is_one_ledger_entry(setup, tmp_path, capsys):
     d, bundle, _ = setup
+    # its gate threshold (41) is above the grid's largest radius (20): the check before
+    # spending refuses it (tests/agt/cli/test_plan.py) unless the owner overrides
     rc = run("predict", "--bounds", bundle, "--data", d / "q.npz", "--mechanism", "svt",
              "--epsilon", "5", "--delta", "1e-5", "--cutoff", "3", "--fallback", "refuse",
              "--ledger", tmp_path / "l.db", "--budget-epsilon", "5", "--budget-delta", "1e-5",
-             "--out", tmp_path / "s.csv")
+             "--out", tmp_path / "s.csv", "--force")
     out = capsys.readouterr().out
     assert rc == 0 and "the whole session (5, 1e-05)-DP" in out
     with Ledger.open(tmp_path / "l.db") as ledger:
