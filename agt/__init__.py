@@ -6,10 +6,10 @@ stability radius. It adds no noise and never imports `mechanisms`, the sibling p
 turns certificates into private labels through its ledger.
 
 The public names below load on first use (PEP 562), so ``import agt`` is cheap: it loads
-neither torch nor h5py and changes no environment variable. A program that trains many
-small models next to other busy processes, or trains on CUDA, should set
-``OMP_WAIT_POLICY=PASSIVE`` and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before torch loads, as
-the ``agt`` command does (`agt.threads.apply_recommended_environment`).
+neither torch nor h5py and changes no environment variable. The first use of a public name
+gives the program the ``agt`` command's threading settings before torch loads
+(``OMP_WAIT_POLICY=PASSIVE``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, a user's own values win),
+or warns once when torch was imported first (`agt.threads.prepare_first_use`).
 
 A first run (train, certify, release through a ledger) is the quick start of the README and
 of docs/getting-started.md, which the tests run.
@@ -62,6 +62,9 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if not name.startswith("_"):
+        from agt.threads import prepare_first_use
+        prepare_first_use()
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     elif name == "train_result":

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from agt.certify import Certificate, Certifier
 from agt.config import TrainConfig
 from agt.data import Dataset
@@ -10,7 +12,7 @@ from agt.store import Bundle, from_result
 from agt.training import train as run_training
 
 
-def train(config: TrainConfig, dataset: Dataset, *, progress: bool = False) -> Bundle:
+def train(config: TrainConfig, dataset: Dataset, *, progress: bool | None = None) -> Bundle:
     """Train with AGT and return the bounds bundle.
 
     Runs the nominal training rule (`agt.training`) and, in the same pass, computes for every
@@ -20,13 +22,23 @@ def train(config: TrainConfig, dataset: Dataset, *, progress: bool = False) -> B
     Args:
         config: a validated training configuration (`TrainConfig.create` or `load_config`).
         dataset: the private training data (and optionally a labelled test split).
-        progress: show a progress bar on stderr.
+        progress: show a progress bar on stderr (tqdm); None (the default): when stderr is
+            a terminal.
 
     Returns:
         The `Bundle`: nominal (served) parameters, the boxes for every k, the record orders
         and the relations certified. Owner-only; `write_bundle` stores it as HDF5.
     """
+    if progress is None:
+        progress = _stderr_is_a_terminal()
     return from_result(run_training(config, dataset, progress=progress))
+
+
+def _stderr_is_a_terminal() -> bool:
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):     # a replaced or closed stream
+        return False
 
 
 def certify(bundle: Bundle, x, *, device: str = "cpu", training_data: Dataset | None = None
