@@ -40,6 +40,7 @@ if TYPE_CHECKING:          # for type checkers and the API reference; not run
     from agt.errors import AGTError
     from agt.kgrid import KGrid
     from agt.models import ModelSpec
+    from agt.scaling import InputScale
     from agt.store import Bundle, read_bundle, write_bundle
     from agt.training import TrainResult
     from agt.training import train as train_result
@@ -53,7 +54,7 @@ _LAZY = {
     "EnsembleCertifier": "agt.ensemble", "read_ensemble": "agt.ensemble",
     "write_ensemble": "agt.ensemble", "train_ensemble": "agt.ensemble",
     "AGTError": "agt.errors",
-    "KGrid": "agt.kgrid",
+    "KGrid": "agt.kgrid", "InputScale": "agt.scaling",
     "ModelSpec": "agt.models",
     "Bundle": "agt.store", "read_bundle": "agt.store", "write_bundle": "agt.store",
     "TrainResult": "agt.training",
@@ -101,7 +102,7 @@ sys.modules[__name__].__class__ = _Package
 __all__ = [
     "train", "certify", "train_ensemble", "read_bundle", "write_bundle", "read_ensemble",
     "write_ensemble", "Bundle", "Certificate", "Certifier", "Dataset", "Ensemble",
-    "EnsembleCertificate", "EnsembleCertifier", "KGrid", "ModelSpec", "TrainConfig",
+    "EnsembleCertificate", "EnsembleCertifier", "InputScale", "KGrid", "ModelSpec", "TrainConfig",
     "TrainResult", "AGTError", "config_from_dict", "load_config", "load_dataset",
     "train_result", "__version__",
 ]

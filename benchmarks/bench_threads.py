@@ -241,9 +241,14 @@ def part_d(repeats: int) -> None:
                 time.sleep(0.5 if busy else 0)
                 train = {w: [] for w in ways}
                 wall = {w: [] for w in ways}
+                failed = {w: [] for w in ways}
                 for _ in range(repeats):           # interleaved, so drift hits every way alike
                     for way, cmd in ways.items():
-                        seconds, stdout = _timed(cmd, env)
+                        try:
+                            seconds, stdout = _timed(cmd, env)
+                        except RuntimeError as exc:      # reported, not hidden
+                            failed[way].append(str(exc).strip().splitlines()[-1][:160])
+                            continue
                         wall[way].append(seconds)
                         if way.startswith("agt"):
                             train[way].append(float(re.search(r"time: ([0-9.]+) s training",
@@ -256,8 +261,12 @@ def part_d(repeats: int) -> None:
                 print(f"  {'how':22s} {'train s: min (min..max)':>26s} {'/ CLI':>6s} "
                       f"{'process s: min (min..max)':>28s} {'/ CLI':>6s}")
                 for way in ways:
-                    print(f"  {way:22s} {fmt(train[way]):>26s} {min(train[way]) / cli_t:6.2f} "
-                          f"{fmt(wall[way]):>28s} {min(wall[way]) / cli_w:6.2f}", flush=True)
+                    if train[way]:
+                        print(f"  {way:22s} {fmt(train[way]):>26s} "
+                              f"{min(train[way]) / cli_t:6.2f} {fmt(wall[way]):>28s} "
+                              f"{min(wall[way]) / cli_w:6.2f}", flush=True)
+                    for reason in failed[way]:
+                        print(f"  {way:22s} FAILED: {reason}", flush=True)
             finally:
                 if competitor is not None:
                     competitor.kill()

@@ -102,6 +102,8 @@ class Certifier:
         if not bool(torch.isfinite(x).all()):
             bad = int((~torch.isfinite(x.reshape(x.shape[0], -1))).any(1).nonzero()[0])
             raise DataError(f"query {bad} contains NaN or infinite values")
+        if self.bundle.input_scale is not None:     # public, recorded scale (agt/scaling.py)
+            x = torch.from_numpy(self.bundle.input_scale.apply(x.numpy()))
         return x.to(self.device, self.dtype)
 
     def predict(self, x) -> np.ndarray:
