@@ -154,5 +154,9 @@ class InputScale:
                        x_test=None if dataset.x_test is None else self.apply(dataset.x_test))
 
     def to_record(self) -> dict:
-        """The JSON-friendly description stored with the bundle (the arrays go alongside)."""
+        """The JSON-friendly description stored with the bundle (the arrays go alongside).
+
+        Returns:
+            {"source": ..., "shape": [...]}.
+        """
         return {"source": self.source, "shape": list(self.shift.shape)}

@@ -94,6 +94,24 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 @dataclass
 class Bundle:
+    """A trained model's bounds: the served parameters and a box per k (owner-only).
+
+    `agt.train` returns one, `write_bundle` / `read_bundle` store it (HDF5, formats 2 and
+    3, docs/reference/formats.md).
+
+    Attributes:
+        path: the file it was read from or written to (None in memory).
+        spec: the model architecture.
+        config: the training configuration (JSON mapping).
+        k_values: the k grid, ascending from 0.
+        init, nominal: initial and served parameters (name -> tensor).
+        lower, upper: name -> (K, *shape) float64 bounds for every k of the grid.
+        order: (epochs, n) record indices in the order each epoch used them.
+        relations: the neighbouring relations the bounds hold under.
+        dataset_sha256: hash of the private training records.
+        dtype: the nominal dtype; n_train: the number of training records.
+        input_scale: the public input scale applied to every query, if any.
+    """
     path: Path | None
     spec: ModelSpec
     config: dict
@@ -126,6 +144,7 @@ class Bundle:
 
     @property
     def k_grid(self) -> KGrid:
+        """The k grid as a `KGrid`."""
         return KGrid(tuple(self.k_values))
 
     @property
@@ -154,6 +173,14 @@ class Bundle:
         return self.parent["dataset_sha256"] if self.parent else self.dataset_sha256
 
     def box(self, j: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The box of grid index `j`.
+
+        Args:
+            j: an index into `k_values`.
+
+        Returns:
+            (lower, upper): name -> the parameter's bounds at distance ``k_values[j]``.
+        """
         return ({n: t[j] for n, t in self.lower.items()}, {n: t[j] for n, t in self.upper.items()})
 
 
@@ -250,6 +277,18 @@ def _content_hash(attrs: dict[str, Any], datasets) -> str:
 
 
 def write_bundle(bundle: Bundle, path: str | Path) -> Path:
+    """Write `bundle` as HDF5 (format 2, or 3 with an input scale) and set its path.
+
+    The file is written under a temporary name and renamed, so a failed write leaves no
+    partial bundle; ``content_sha256`` covers every attribute and dataset.
+
+    Args:
+        bundle: the bundle to store (owner-only).
+        path: the ``.h5`` file to write (replaced if it exists).
+
+    Returns:
+        The path written.
+    """
     path = Path(path)
     attrs = _attrs(bundle)
     attrs["content_sha256"] = _content_hash(attrs, _datasets(bundle))
@@ -349,8 +388,18 @@ def _parse_meta(attrs: dict[str, Any], where) -> dict[str, Any]:
 
 
 def read_bundle(path: str | Path) -> Bundle:
-    """Read, verify (content hash) and validate a bundle; raises BundleError with a one-line
-    reason for anything that is not an intact agt bundle."""
+    """Read, verify (content hash) and validate a bundle.
+
+    Args:
+        path: a bundle file written by `write_bundle` (format 2 or 3).
+
+    Returns:
+        The `Bundle`, its boxes checked (lower <= nominal <= upper, nested in k).
+
+    Raises:
+        BundleError: with a one-line reason for anything that is not an intact agt bundle
+            (missing, a directory, damaged, altered, another format version).
+    """
     path = Path(path)
     if path.is_dir():
         what = ("an ensemble directory (agt train --ensemble): give one of its "
