@@ -33,8 +33,9 @@ def train(config: TrainConfig, dataset: Dataset, *, progress: bool | None = None
             records the scale and certification applies it to every query.
 
     Returns:
-        The `Bundle`: nominal (served) parameters, the boxes for every k, the record orders
-        and the relations certified. Owner-only; `write_bundle` stores it as HDF5.
+        The `Bundle` with the nominal (served) parameters, the boxes for every k, the
+        record orders and the relations certified. Owner-only; `write_bundle` stores it
+        as HDF5.
 
     Warns (`agt.data_checks.DataWarning`, owner-only lines) when the features are far from
     unit scale, a class has no training record, or the trained model does no better than

@@ -125,7 +125,7 @@ class ModelSpec:
             frozen_layers: how many leading layers stay fixed (a public pretrained prefix).
 
         Returns:
-            The `ModelSpec` (input shape not yet known: `with_input_shape`).
+            The `ModelSpec`, its input shape still unknown (`with_input_shape`).
 
         Raises:
             ConfigError: every bad layer in one message, a bad `frozen_layers`, nothing to

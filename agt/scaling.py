@@ -157,6 +157,6 @@ class InputScale:
         """The JSON-friendly description stored with the bundle (the arrays go alongside).
 
         Returns:
-            {"source": ..., "shape": [...]}.
+            A mapping with the source note and the shape of shift and scale.
         """
         return {"source": self.source, "shape": list(self.shift.shape)}

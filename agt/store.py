@@ -179,7 +179,8 @@ class Bundle:
             j: an index into `k_values`.
 
         Returns:
-            (lower, upper): name -> the parameter's bounds at distance ``k_values[j]``.
+            The pair (lower, upper), each mapping a parameter name to its bounds at
+            distance ``k_values[j]``.
         """
         return ({n: t[j] for n, t in self.lower.items()}, {n: t[j] for n, t in self.upper.items()})
 
