@@ -6,10 +6,10 @@ stability radius. It adds no noise and never imports `mechanisms`, the sibling p
 turns certificates into private labels through its ledger.
 
 The public names below load on first use (PEP 562), so ``import agt`` is cheap: it loads
-neither torch nor h5py and changes no environment variable. A program that trains many
-small models next to other busy processes, or trains on CUDA, should set
-``OMP_WAIT_POLICY=PASSIVE`` and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before torch loads, as
-the ``agt`` command does (`agt.threads.apply_recommended_environment`).
+neither torch nor h5py and changes no environment variable. The first use of a public name
+gives the program the ``agt`` command's threading settings before torch loads
+(``OMP_WAIT_POLICY=PASSIVE``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, a user's own values win),
+or warns once when torch was imported first (`agt.threads.prepare_first_use`).
 
 A first run (train, certify, release through a ledger) is the quick start of the README and
 of docs/getting-started.md, which the tests run.
@@ -40,6 +40,7 @@ if TYPE_CHECKING:          # for type checkers and the API reference; not run
     from agt.errors import AGTError
     from agt.kgrid import KGrid
     from agt.models import ModelSpec
+    from agt.scaling import InputScale
     from agt.store import Bundle, read_bundle, write_bundle
     from agt.training import TrainResult
     from agt.training import train as train_result
@@ -53,7 +54,7 @@ _LAZY = {
     "EnsembleCertifier": "agt.ensemble", "read_ensemble": "agt.ensemble",
     "write_ensemble": "agt.ensemble", "train_ensemble": "agt.ensemble",
     "AGTError": "agt.errors",
-    "KGrid": "agt.kgrid",
+    "KGrid": "agt.kgrid", "InputScale": "agt.scaling",
     "ModelSpec": "agt.models",
     "Bundle": "agt.store", "read_bundle": "agt.store", "write_bundle": "agt.store",
     "TrainResult": "agt.training",
@@ -62,6 +63,9 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if not name.startswith("_"):
+        from agt.threads import prepare_first_use
+        prepare_first_use()
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     elif name == "train_result":
@@ -98,7 +102,7 @@ sys.modules[__name__].__class__ = _Package
 __all__ = [
     "train", "certify", "train_ensemble", "read_bundle", "write_bundle", "read_ensemble",
     "write_ensemble", "Bundle", "Certificate", "Certifier", "Dataset", "Ensemble",
-    "EnsembleCertificate", "EnsembleCertifier", "KGrid", "ModelSpec", "TrainConfig",
+    "EnsembleCertificate", "EnsembleCertifier", "InputScale", "KGrid", "ModelSpec", "TrainConfig",
     "TrainResult", "AGTError", "config_from_dict", "load_config", "load_dataset",
     "train_result", "__version__",
 ]

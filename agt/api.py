@@ -3,14 +3,20 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import replace
+
 from agt.certify import Certificate, Certifier
 from agt.config import TrainConfig
 from agt.data import Dataset
+from agt.data_checks import check_fit, check_training_data
+from agt.scaling import InputScale
 from agt.store import Bundle, from_result
 from agt.training import train as run_training
 
 
-def train(config: TrainConfig, dataset: Dataset, *, progress: bool = False) -> Bundle:
+def train(config: TrainConfig, dataset: Dataset, *, progress: bool | None = None,
+          input_scale: InputScale | None = None) -> Bundle:
     """Train with AGT and return the bounds bundle.
 
     Runs the nominal training rule (`agt.training`) and, in the same pass, computes for every
@@ -20,13 +26,69 @@ def train(config: TrainConfig, dataset: Dataset, *, progress: bool = False) -> B
     Args:
         config: a validated training configuration (`TrainConfig.create` or `load_config`).
         dataset: the private training data (and optionally a labelled test split).
-        progress: show a progress bar on stderr.
+        progress: show a progress bar on stderr (tqdm); None (the default): when stderr is
+            a terminal.
+        input_scale: a public input scale (`agt.InputScale`: from public data or fixed
+            bounds, never from `dataset`): training sees the scaled records, the bundle
+            records the scale and certification applies it to every query.
 
     Returns:
-        The `Bundle`: nominal (served) parameters, the boxes for every k, the record orders
-        and the relations certified. Owner-only; `write_bundle` stores it as HDF5.
+        The `Bundle` with the nominal (served) parameters, the boxes for every k, the
+        record orders and the relations certified. Owner-only; `write_bundle` stores it
+        as HDF5.
+
+    Warns (`agt.data_checks.DataWarning`, owner-only lines) when the features are far from
+    unit scale, a class has no training record, or the trained model does no better than
+    the majority class on its training records.
     """
-    return from_result(run_training(config, dataset, progress=progress))
+    if progress is None:
+        progress = _stderr_is_a_terminal()
+    result = train_scaled(config, dataset, input_scale, progress=progress)
+    bundle = from_result(result, input_scale=input_scale)
+    check_bundle_fit(bundle, dataset)
+    return bundle
+
+
+def train_scaled(config: TrainConfig, dataset: Dataset, input_scale: InputScale | None, *,
+                 progress: bool = False):
+    """Train on `dataset` behind `input_scale` (if any), after checking the data.
+
+    Args:
+        config: the training configuration.
+        dataset: the private data in its original units.
+        input_scale: a public input scale, or None.
+        progress: show a progress bar.
+
+    Returns:
+        The `agt.training.TrainResult`; its dataset hash is that of `dataset` as given (the
+        private records), whatever the scale.
+    """
+    seen = dataset if input_scale is None else input_scale.apply_to(dataset)
+    check_training_data(seen, scaled=input_scale is not None)
+    result = run_training(config, seen, progress=progress)
+    if input_scale is not None:
+        result = replace(result, dataset_sha256=dataset.sha256())
+    return result
+
+
+def check_bundle_fit(bundle: Bundle, dataset: Dataset) -> list[str]:
+    """`agt.data_checks.check_fit` of the bundle's served model on the training records.
+
+    Args:
+        bundle: the trained bundle.
+        dataset: its training data in the original units.
+
+    Returns:
+        The warnings issued.
+    """
+    return check_fit(Certifier(bundle).predict(dataset.x_train), dataset.y_train)
+
+
+def _stderr_is_a_terminal() -> bool:
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):     # a replaced or closed stream
+        return False
 
 
 def certify(bundle: Bundle, x, *, device: str = "cpu", training_data: Dataset | None = None

@@ -185,8 +185,21 @@ class TrainConfig:
     # ------------------------------------------------------------------------------
     @staticmethod
     def create(model, loss: str, **settings: Any) -> "TrainConfig":
-        """A validated config from Python: `model` is an ``nn.Sequential`` of supported layers,
-        a `ModelSpec` or the YAML list of layers; `settings` are the config keys."""
+        """A validated config from Python.
+
+        Args:
+            model: an ``nn.Sequential`` of supported layers, a `ModelSpec` or the YAML list of
+                layers.
+            loss: "cross_entropy" or another loss of `agt.config.LOSSES`.
+            **settings: any other config keys (docs/reference/configuration.md), e.g.
+                learning_rate, n_epochs, batch_size, clip_gamma, k_values.
+
+        Returns:
+            The validated `TrainConfig`.
+
+        Raises:
+            ConfigError: one error naming every bad key.
+        """
         if isinstance(model, ModelSpec):
             layers = model.to_config()
             settings.setdefault("frozen_layers", model.frozen_layers)
@@ -200,7 +213,14 @@ class TrainConfig:
         return config_from_dict({"model": layers, "loss": loss, **settings})
 
     def learning_rate_at(self, step: int) -> float:
-        """lr_t = max(lr / (1 + lr_decay * t), lr_min), t the step index from 0."""
+        """The learning rate of a step: lr_t = max(lr / (1 + lr_decay * t), lr_min).
+
+        Args:
+            step: t, the step index from 0.
+
+        Returns:
+            lr_t.
+        """
         return max(self.learning_rate / (1.0 + self.lr_decay * step), self.lr_min)
 
     @property
@@ -209,16 +229,38 @@ class TrainConfig:
         return self.batch_size == FULL
 
     def batch_for(self, n: int) -> int:
-        """The size of the first batch on n records (every batch but the last)."""
+        """The size of the first batch on n records (every batch but the last).
+
+        Args:
+            n: the number of records.
+
+        Returns:
+            n for full batches, else min(batch_size, n).
+        """
         return n if self.full_batch else min(int(self.batch_size), n)
 
     def to_json_dict(self) -> dict[str, Any]:
+        """The config as a JSON-friendly mapping (as bundles store it).
+
+        Returns:
+            The raw keys, with k_values as a list.
+        """
         out = dict(self.raw)
         out["k_values"] = list(self.k_values)
         return out
 
     def replace(self, **changes: Any) -> "TrainConfig":
-        """A new validated config with some keys changed (configs are never mutated)."""
+        """A new validated config with some keys changed (configs are never mutated).
+
+        Args:
+            **changes: config keys and their new values.
+
+        Returns:
+            The new `TrainConfig`.
+
+        Raises:
+            ConfigError: a changed value is invalid.
+        """
         raw = dict(self.raw)
         for key, value in changes.items():
             raw[key] = list(value) if isinstance(value, (tuple, KGrid)) else value
@@ -327,7 +369,17 @@ class _Reader:
 
 
 def config_from_dict(raw: Any) -> TrainConfig:
-    """Validate a raw config mapping; one ConfigError names every problem."""
+    """Validate a raw config mapping (docs/reference/configuration.md).
+
+    Args:
+        raw: a mapping of config keys to values (as read from YAML).
+
+    Returns:
+        The `TrainConfig`.
+
+    Raises:
+        ConfigError: one error that names every problem.
+    """
     if not isinstance(raw, dict):
         raise ConfigError("the config must be a mapping of keys to values")
     problems = Problems(kind=ConfigError)
@@ -503,8 +555,21 @@ def load_yaml(text: str) -> Any:
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Read a YAML config; relative paths inside it (``data.path``, ``data.data_dir``,
-    ``pretrained``) resolve against the config file's folder."""
+    """Read a YAML config.
+
+    Relative paths inside it (``data.path``, ``data.data_dir``, ``pretrained``) resolve
+    against the config file's folder.
+
+    Args:
+        path: the YAML file.
+        overrides: keys that replace the file's (e.g. ``{"k_values": "0..9"}``).
+
+    Returns:
+        The validated `TrainConfig`.
+
+    Raises:
+        ConfigError: a missing or unreadable file, malformed YAML, or invalid keys.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")

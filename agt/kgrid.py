@@ -45,9 +45,19 @@ class KGrid(Sequence):
     # -- parsing --------------------------------------------------------------------------
     @staticmethod
     def parse(spec: Any) -> "KGrid":
-        """A list of ints or a string like ``"0..199"``, ``"0,1,2,5"``, ``"0..10,20,50"`` or
-        ``"0..100:10"`` (a step). 0 is always included; sizes are checked before anything
-        is materialised."""
+        """Parse a k grid.
+
+        Args:
+            spec: a list of ints or a string like ``"0..199"``, ``"0,1,2,5"``, ``"0..10,20,50"``
+                or ``"0..100:10"`` (a step). 0 is always included; sizes are checked before
+                anything is materialised.
+
+        Returns:
+            The `KGrid`, ascending from 0.
+
+        Raises:
+            ConfigError: a malformed spec, an empty range, or a grid too large.
+        """
         values: set[int] = set()
         count = 0
 
@@ -127,24 +137,53 @@ class KGrid(Sequence):
 
     @property
     def k_max(self) -> int:
+        """The largest k of the grid."""
         return self.values[-1]
 
     def value_at(self, index: int) -> int:
-        """The distance of grid index `index` (-1 for -1: nothing certified)."""
+        """The distance of a grid index.
+
+        Args:
+            index: a grid index, or -1 (nothing certified).
+
+        Returns:
+            ``values[index]``, or -1 for -1.
+        """
         return -1 if index < 0 else self.values[index]
 
     def require_below(self, batch: int, what: str = "the batch size", why: str = "") -> None:
-        """Every k must be smaller than the batch size `batch` (the top-k rule removes k of
-        the batch's b per-sample gradients)."""
+        """Require every k to be smaller than the batch size (the top-k rule removes k of the
+        batch's b per-sample gradients).
+
+        Args:
+            batch: the batch size b.
+            what: how the message names `batch`.
+            why: an explanation appended to the message.
+
+        Raises:
+            ConfigError: the largest k is >= `batch`.
+        """
         if self.k_max >= batch:
             raise ConfigError(f"k value {self.k_max} must be smaller than {what} {batch}{why}; "
                               f"lower k_values (e.g. --k-values 0..{max(0, batch - 1)}) or "
                               f"raise batch_size")
 
     def below(self, batch: int) -> "KGrid":
-        """The grid cut to k < batch (a function of the batch size only)."""
+        """The grid cut to k < batch (a function of the batch size only).
+
+        Args:
+            batch: the batch size.
+
+        Returns:
+            A `KGrid` of the values below `batch`.
+        """
         return KGrid(tuple(k for k in self.values if k < batch))
 
     def describe(self) -> str:
+        """A short description for messages.
+
+        Returns:
+            e.g. "50 values, 0..49 (contiguous)".
+        """
         kind = "contiguous" if self.contiguous else "sparse"
         return f"{len(self)} values, {self.values[0]}..{self.k_max} ({kind})"

@@ -118,6 +118,19 @@ class ModelSpec:
 
     @staticmethod
     def from_config(entries: Any, frozen_layers: int = 0) -> "ModelSpec":
+        """A validated spec from the YAML list of layers.
+
+        Args:
+            entries: e.g. ``[{linear: {in: 6, out: 2}}]``; layers linear, conv2d, relu, flatten.
+            frozen_layers: how many leading layers stay fixed (a public pretrained prefix).
+
+        Returns:
+            The `ModelSpec`, its input shape still unknown (`with_input_shape`).
+
+        Raises:
+            ConfigError: every bad layer in one message, a bad `frozen_layers`, nothing to
+                train, or too many parameters.
+        """
         if not isinstance(entries, list) or not entries:
             raise ConfigError("model must be a non-empty list of layers, e.g. "
                               "[{linear: {in: 6, out: 2}}]")
@@ -145,11 +158,23 @@ class ModelSpec:
 
     @staticmethod
     def from_module(module: nn.Module, frozen_layers: int = 0) -> "ModelSpec":
-        """The spec of a PyTorch ``nn.Sequential`` of supported layers (Linear, Conv2d with
-        square kernel, stride and padding, ReLU, Flatten with default dims). Any other layer,
-        or an option the bound rules do not cover (dilation, groups, ...), is refused with
-        a ConfigError naming it. Initial weights are not taken from the module: a bundle's
-        initialisation is `init_params(spec, seed)` (or a `pretrained` file)."""
+        """The spec of a PyTorch ``nn.Sequential`` of supported layers.
+
+        Supported: Linear, Conv2d with square kernel, stride and padding, ReLU, Flatten with
+        default dims. Initial weights are not taken from the module: a bundle's initialisation
+        is `init_params(spec, seed)` (or a `pretrained` file).
+
+        Args:
+            module: the ``nn.Sequential``.
+            frozen_layers: how many leading layers stay fixed.
+
+        Returns:
+            The `ModelSpec`.
+
+        Raises:
+            ConfigError: not an ``nn.Sequential``, or a layer or option (dilation, groups, ...)
+                the bound rules do not cover, named in the message.
+        """
         if not isinstance(module, nn.Sequential):
             raise ConfigError(f"ModelSpec.from_module needs an nn.Sequential, got "
                               f"{type(module).__name__}")
@@ -182,11 +207,25 @@ class ModelSpec:
         return ModelSpec.from_config(entries, frozen_layers)
 
     def to_config(self) -> list[dict[str, Any]]:
-        """The YAML list of layers of this spec."""
+        """The YAML list of layers of this spec.
+
+        Returns:
+            A list of one-key mappings, as `from_config` takes.
+        """
         return [layer.to_dict() for layer in self.layers]
 
     def with_input_shape(self, input_shape: tuple[int, ...]) -> "ModelSpec":
-        """Check layer dimensions against the data's feature shape and record it."""
+        """Check the layer dimensions against the data's feature shape and record it.
+
+        Args:
+            input_shape: the shape of one record.
+
+        Returns:
+            A new `ModelSpec` with the input shape and parameter shapes.
+
+        Raises:
+            ConfigError: the layers do not fit the shape, or the output is not a logit vector.
+        """
         shape = tuple(int(s) for s in input_shape)
         shapes = infer_shapes(self.layers, shape)
         params = {}
@@ -206,6 +245,7 @@ class ModelSpec:
 
     @property
     def n_logits(self) -> int:
+        """The length of the model's output (1: a binary model with one logit)."""
         return infer_shapes(self.layers, self.require_input_shape())[-1][0]
 
     @property
@@ -214,11 +254,24 @@ class ModelSpec:
         return max(2, self.n_logits)
 
     def require_input_shape(self) -> tuple[int, ...]:
+        """The input shape, which must be known.
+
+        Returns:
+            The shape of one record.
+
+        Raises:
+            ConfigError: the spec has no input shape yet (`with_input_shape`).
+        """
         if self.input_shape is None:
             raise ConfigError("model input shape unknown (internal: call with_input_shape)")
         return self.input_shape
 
     def trainable_param_names(self) -> list[str]:
+        """The parameters AGT trains and bounds (those after the frozen prefix).
+
+        Returns:
+            Names as in ``nn.Sequential.state_dict()``, e.g. ``["0.weight", "0.bias"]``.
+        """
         names = []
         for i, layer in enumerate(self.layers):
             if i >= self.frozen_layers and layer.has_params:
@@ -228,17 +281,38 @@ class ModelSpec:
         return names
 
     def to_json(self) -> str:
+        """The spec as JSON (layers, frozen layers, input shape), as bundles store it.
+
+        Returns:
+            A JSON string that `from_json` reads.
+        """
         return json.dumps({"layers": [layer.to_dict() for layer in self.layers],
                            "frozen_layers": self.frozen_layers,
                            "input_shape": list(self.require_input_shape())}, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "ModelSpec":
+        """The spec stored by `to_json`.
+
+        Args:
+            text: the JSON string.
+
+        Returns:
+            The `ModelSpec` with its input shape.
+        """
         data = json.loads(text)
         spec = ModelSpec.from_config(data["layers"], data.get("frozen_layers", 0))
         return spec.with_input_shape(tuple(data["input_shape"]))
 
     def build(self, dtype: torch.dtype = torch.float64) -> nn.Sequential:
+        """An ``nn.Sequential`` of this architecture (fresh PyTorch initialisation).
+
+        Args:
+            dtype: the parameters' dtype.
+
+        Returns:
+            The module.
+        """
         return build_module(self.layers).to(dtype)
 
 

@@ -16,6 +16,13 @@ Layout (format_version 2)::
     /bounds/<k>/lower/<param>, /bounds/<k>/upper/<param>   valid bounds at distance k
     /order            (epochs, n) int64: record indices in the order each epoch used them
 
+Format version 3 is version 2 plus an input scale (agt/scaling.py), written only for a
+bundle trained on scaled inputs (others stay version 2, byte for byte, so older readers
+keep reading them and refuse a bundle whose queries they would not scale)::
+
+    /                 attrs: input_scale (JSON: {source, shape})
+    /input_scale/shift, /input_scale/scale   float64: queries are mapped (x - shift) / scale
+
 Bounds are stored in float64 exactly as computed (no down-cast, so no rounding on write).
 Files are written through a unique temporary name and renamed (agt/io.py), so a failed run
 leaves no partial file.
@@ -48,14 +55,18 @@ from agt.config import (
     SMOOTH_PLACEMENTS,
     SMOOTH_SELECTIONS,
 )
-from agt.errors import BundleError, ConfigError
+from agt.errors import BundleError, ConfigError, DataError
 from agt.io import atomic_write
 from agt.kgrid import KGrid
 from agt.models import ModelSpec
+from agt.scaling import InputScale
 from agt.version import __version__
 
 FORMAT = "agt-bounds"
 FORMAT_VERSION = 2
+#: the version of a bundle that records an input scale (readable by this agt, not by older)
+SCALED_FORMAT_VERSION = 3
+SCALE_PATHS = ("input_scale/shift", "input_scale/scale")
 ROUNDING_NOTE = ("float64 bounds widened outward by a-priori rounding-error bounds of the "
                  "nominal dtype and of float64 (agt/interval.py)")
 RELATIONS = ("replace-one", "add-remove")
@@ -83,6 +94,24 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 @dataclass
 class Bundle:
+    """A trained model's bounds: the served parameters and a box per k (owner-only).
+
+    `agt.train` returns one, `write_bundle` / `read_bundle` store it (HDF5, formats 2 and
+    3, docs/reference/formats.md).
+
+    Attributes:
+        path: the file it was read from or written to (None in memory).
+        spec: the model architecture.
+        config: the training configuration (JSON mapping).
+        k_values: the k grid, ascending from 0.
+        init, nominal: initial and served parameters (name -> tensor).
+        lower, upper: name -> (K, *shape) float64 bounds for every k of the grid.
+        order: (epochs, n) record indices in the order each epoch used them.
+        relations: the neighbouring relations the bounds hold under.
+        dataset_sha256: hash of the private training records.
+        dtype: the nominal dtype; n_train: the number of training records.
+        input_scale: the public input scale applied to every query, if any.
+    """
     path: Path | None
     spec: ModelSpec
     config: dict
@@ -102,6 +131,7 @@ class Bundle:
     parent: dict | None = field(default=None)
     bound_method: str = LEGACY_BOUND_METHOD
     ball_radius: np.ndarray | None = None   # (K,) L2 radii, bound method "stability" only
+    input_scale: InputScale | None = None   # applied to every query (agt/scaling.py)
 
     @property
     def bundle_id(self) -> str:
@@ -114,6 +144,7 @@ class Bundle:
 
     @property
     def k_grid(self) -> KGrid:
+        """The k grid as a `KGrid`."""
         return KGrid(tuple(self.k_values))
 
     @property
@@ -142,11 +173,33 @@ class Bundle:
         return self.parent["dataset_sha256"] if self.parent else self.dataset_sha256
 
     def box(self, j: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The box of grid index `j`.
+
+        Args:
+            j: an index into `k_values`.
+
+        Returns:
+            The pair (lower, upper), each mapping a parameter name to its bounds at
+            distance ``k_values[j]``.
+        """
         return ({n: t[j] for n, t in self.lower.items()}, {n: t[j] for n, t in self.upper.items()})
 
 
-def from_result(result, parent: dict | None = None) -> Bundle:
-    """Bundle from an agt.training.TrainResult (`parent`: a teacher's ensemble record)."""
+def from_result(result, parent: dict | None = None,
+                input_scale: InputScale | None = None) -> Bundle:
+    """A bundle from a training result.
+
+    Args:
+        result: an `agt.training.TrainResult` with bounds.
+        parent: a teacher's ensemble record, None for a single model.
+        input_scale: the public input scale the model was trained behind, if any.
+
+    Returns:
+        The `Bundle` (not yet written).
+
+    Raises:
+        BundleError: the result has no bounds.
+    """
     if result.lower is None:
         raise BundleError("this training result has no bounds (trained with with_bounds=False)")
     return Bundle(None, result.spec, result.config.to_json_dict(), tuple(result.k_values),
@@ -160,12 +213,14 @@ def from_result(result, parent: dict | None = None) -> Bundle:
                   selection=result.config.selection, parent=parent,
                   bound_method=result.config.bound_method,
                   ball_radius=None if result.ball_radius is None
-                  else np.asarray(result.ball_radius, dtype=np.float64))
+                  else np.asarray(result.ball_radius, dtype=np.float64),
+                  input_scale=input_scale)
 
 
 def _attrs(bundle: Bundle) -> dict[str, Any]:
-    return {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
+    scaled = bundle.input_scale is not None
+    attrs = {
+        "format": FORMAT, "format_version": SCALED_FORMAT_VERSION if scaled else FORMAT_VERSION,
         "config": json.dumps(bundle.config, sort_keys=True), "model": bundle.spec.to_json(),
         "k_values": np.asarray(bundle.k_values, dtype=np.int64),
         "dataset_sha256": bundle.dataset_sha256,
@@ -176,23 +231,30 @@ def _attrs(bundle: Bundle) -> dict[str, Any]:
         "parent": json.dumps(bundle.parent, sort_keys=True),
         "bound_method": bundle.bound_method,
     }
+    if scaled:
+        attrs["input_scale"] = json.dumps(bundle.input_scale.to_record(), sort_keys=True)
+    return attrs
 
 
-def dataset_paths(names, k_values, ball: bool = False) -> list[str]:
+def dataset_paths(names, k_values, ball: bool = False, scaled: bool = False) -> list[str]:
     """Every dataset path of a bundle, in the fixed order the content hash uses."""
     names = sorted(names)
     paths = [f"{group}/{n}" for group in ("init", "nominal") for n in names]
     paths += [f"bounds/{k}/{side}/{n}" for k in k_values for side in ("lower", "upper")
               for n in names]
-    return paths + ["order"] + ([BALL_PATH] if ball else [])
+    return paths + ["order"] + ([BALL_PATH] if ball else []) + \
+        (list(SCALE_PATHS) if scaled else [])
 
 
 def _datasets(bundle: Bundle):
     """(path, array) of every dataset, in the order of `dataset_paths`."""
     j_of = {k: j for j, k in enumerate(bundle.k_values)}
-    for path in dataset_paths(bundle.nominal, bundle.k_values, bundle.ball_radius is not None):
+    for path in dataset_paths(bundle.nominal, bundle.k_values, bundle.ball_radius is not None,
+                              bundle.input_scale is not None):
         parts = path.split("/")
-        if path == BALL_PATH:
+        if path in SCALE_PATHS:
+            yield path, getattr(bundle.input_scale, parts[1])
+        elif path == BALL_PATH:
             yield path, np.asarray(bundle.ball_radius, dtype=np.float64)
         elif parts[0] in ("init", "nominal"):
             yield path, getattr(bundle, parts[0])[parts[1]].detach().cpu().numpy()
@@ -216,6 +278,18 @@ def _content_hash(attrs: dict[str, Any], datasets) -> str:
 
 
 def write_bundle(bundle: Bundle, path: str | Path) -> Path:
+    """Write `bundle` as HDF5 (format 2, or 3 with an input scale) and set its path.
+
+    The file is written under a temporary name and renamed, so a failed write leaves no
+    partial bundle; ``content_sha256`` covers every attribute and dataset.
+
+    Args:
+        bundle: the bundle to store (owner-only).
+        path: the ``.h5`` file to write (replaced if it exists).
+
+    Returns:
+        The path written.
+    """
     path = Path(path)
     attrs = _attrs(bundle)
     attrs["content_sha256"] = _content_hash(attrs, _datasets(bundle))
@@ -259,14 +333,17 @@ def _read_attrs(f, where) -> dict[str, Any]:
             else:
                 value = arr.astype(np.int64)
         out[key] = value
-    # optional (absent from bundles written before it existed: LEGACY_BOUND_METHOD)
-    if "bound_method" in f.attrs:
-        value = f.attrs["bound_method"]
+    # optional (absent from bundles written before it existed: LEGACY_BOUND_METHOD), and
+    # input_scale, present exactly in format version 3
+    for key in ("bound_method", "input_scale"):
+        if key not in f.attrs:
+            continue
+        value = f.attrs[key]
         if isinstance(value, bytes):
             value = value.decode("utf-8", errors="replace")
         if not isinstance(value, str):
-            problems.append("root attribute 'bound_method' must be a string")
-        out["bound_method"] = value
+            problems.append(f"root attribute '{key}' must be a string")
+        out[key] = value
     if problems:
         raise BundleError(f"{where}: " + "; ".join(problems))
     return out
@@ -312,8 +389,18 @@ def _parse_meta(attrs: dict[str, Any], where) -> dict[str, Any]:
 
 
 def read_bundle(path: str | Path) -> Bundle:
-    """Read, verify (content hash) and validate a bundle; raises BundleError with a one-line
-    reason for anything that is not an intact agt bundle."""
+    """Read, verify (content hash) and validate a bundle.
+
+    Args:
+        path: a bundle file written by `write_bundle` (format 2 or 3).
+
+    Returns:
+        The `Bundle`, its boxes checked (lower <= nominal <= upper, nested in k).
+
+    Raises:
+        BundleError: with a one-line reason for anything that is not an intact agt bundle
+            (missing, a directory, damaged, altered, another format version).
+    """
     path = Path(path)
     if path.is_dir():
         what = ("an ensemble directory (agt train --ensemble): give one of its "
@@ -343,9 +430,10 @@ def _read(path: Path) -> Bundle:
             raise BundleError(f"{path}: not an agt bounds bundle (root attribute format is "
                               f"{found!r}, expected {FORMAT!r})")
         version = f.attrs.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in (FORMAT_VERSION, SCALED_FORMAT_VERSION):
             raise BundleError(f"{path}: format_version {version!r} is not supported (this agt "
-                              f"reads version {FORMAT_VERSION}; retrain to write a new bundle)")
+                              f"reads versions {FORMAT_VERSION} and {SCALED_FORMAT_VERSION}; "
+                              f"retrain to write a new bundle)")
         attrs = _read_attrs(f, path)
         meta = _parse_meta(attrs, path)
         spec = meta["spec"]
@@ -391,10 +479,11 @@ def _read(path: Path) -> Bundle:
             ball = np.asarray(f[BALL_PATH])
             if ball.dtype != np.float64 or ball.shape != (len(meta["k_values"]),):
                 raise BundleError(f"{path}: /{BALL_PATH} must be float64 with one radius per k")
+        scale = _read_input_scale(f, attrs, version == SCALED_FORMAT_VERSION, path)
     bundle = Bundle(path, spec, meta["config"], meta["k_values"], init, nominal, lower, upper,
                     order, meta["relations"], attrs["dataset_sha256"], attrs["dtype"], n_train,
                     attrs["created"], attrs["agt_version"], attrs["selection"], meta["parent"],
-                    method, ball)
+                    method, ball, scale)
     recomputed = _content_hash({k: v for k, v in attrs.items() if k != "content_sha256"},
                                _datasets(bundle))
     if recomputed != attrs["content_sha256"]:
@@ -402,6 +491,24 @@ def _read(path: Path) -> Bundle:
                           f"written and its bounds cannot be trusted")
     validate_bundle(bundle)
     return bundle
+
+
+def _read_input_scale(f, attrs: dict, scaled: bool, where) -> InputScale | None:
+    """The recorded input scale: present (attribute and both arrays) exactly in version 3."""
+    present = "input_scale" in attrs or "input_scale" in f
+    if present != scaled:
+        raise BundleError(f"{where}: an input scale (/input_scale and its attribute) belongs "
+                          f"to format_version {SCALED_FORMAT_VERSION} and only there")
+    if not scaled:
+        return None
+    try:
+        record = json.loads(attrs["input_scale"])
+        arrays = [np.asarray(f[p]) for p in SCALE_PATHS]
+        if not isinstance(record, dict) or any(a.dtype != np.float64 for a in arrays):
+            raise ValueError("not a float64 shift and scale with a JSON record")
+        return InputScale(arrays[0], arrays[1], str(record.get("source", "")))
+    except (KeyError, ValueError, TypeError, DataError) as exc:
+        raise BundleError(f"{where}: malformed input scale ({exc})") from None
 
 
 def _read_params(group, expected: dict, where: str) -> dict[str, torch.Tensor]:
@@ -441,6 +548,11 @@ def validate_bundle(bundle: Bundle) -> None:
                               f"k={bundle.k_values[j]}; the bundle is corrupt or unsound")
         if lo.shape[0] > 1 and (bool((lo[1:] > lo[:-1]).any()) or bool((hi[1:] < hi[:-1]).any())):
             raise BundleError(f"{where}: bounds of '{name}' are not nested in k")
+    scale = bundle.input_scale
+    if scale is not None and scale.shift.ndim and \
+            scale.shift.shape != tuple(bundle.spec.input_shape or ()):
+        raise BundleError(f"{where}: input scale of shape {scale.shift.shape} for a model with "
+                          f"inputs {bundle.spec.input_shape}")
     ball = bundle.ball_radius
     if ball is not None:
         if np.isnan(ball).any() or (ball < 0).any() or (ball[1:] < ball[:-1]).any() or \

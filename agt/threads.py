@@ -28,7 +28,10 @@ than silently running with another count (which could change the bounds).
 ``OMP_WAIT_POLICY=PASSIVE`` must be in the environment before torch loads OpenMP. The
 ``agt`` command sets it first thing (`apply_recommended_environment`; a user's setting
 wins), worker processes inherit it (`worker_environment`), and ``import agt`` leaves the
-environment alone: a library user sets it before importing torch.
+environment alone. A Python program gets the same settings on its first use of a public
+name of the `agt` facade (``agt.train``, ``agt.Dataset``, ...): `prepare_first_use` sets the
+variables there when torch is not loaded yet, and warns once (`ThreadingWarning`) when torch
+was imported first and the wait policy is unset, since OpenMP has then already read it.
 
 Nothing here imports torch at module level, so this module can run before torch loads.
 """
@@ -37,7 +40,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, Mapping, MutableMapping
+import sys
+import warnings
+from typing import Container, Iterator, Mapping, MutableMapping
 
 from agt.errors import ConfigError
 
@@ -167,3 +172,53 @@ def worker_environment(threads: int, environ: Mapping[str, str] | None = None) -
     n = str(_positive(threads, "threads"))
     return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n,
             "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+
+
+class ThreadingWarning(UserWarning):
+    """torch loaded before agt could set ``OMP_WAIT_POLICY``: spinning OpenMP threads can make
+    training several times slower on a busy machine (module docstring)."""
+
+
+#: whether `prepare_first_use` has run in this process (it acts once)
+_first_use_done = False
+
+
+def prepare_first_use(environ: MutableMapping[str, str] | None = None,
+                      loaded: Container[str] | None = None) -> dict[str, str]:
+    """Give a Python program the command line's threading settings, once per process.
+
+    The `agt` facade calls it on the first use of a public name, before that name's module
+    loads torch. Torch not loaded yet: set every `RECOMMENDED_ENVIRONMENT` variable the user
+    has not set (`apply_recommended_environment`), as the ``agt`` command does. Torch already
+    loaded with more than one thread and ``OMP_WAIT_POLICY`` unset: OpenMP has read its wait
+    policy, so issue one `ThreadingWarning` that says how to fix the import order instead.
+
+    Args:
+        environ: the environment to read and change (default ``os.environ``).
+        loaded: the names of the loaded modules (default ``sys.modules``).
+
+    Returns:
+        The variables it set (empty after the first call, when torch was loaded first, or
+        when the user had set them all).
+    """
+    global _first_use_done
+    if _first_use_done:
+        return {}
+    _first_use_done = True
+    environ = os.environ if environ is None else environ
+    loaded = sys.modules if loaded is None else loaded
+    if "torch" not in loaded:
+        return apply_recommended_environment(environ)
+    if "OMP_WAIT_POLICY" not in environ and _torch_threads() > 1:
+        warnings.warn("torch was imported before agt's first use, with OMP_WAIT_POLICY unset: "
+                      "its OpenMP threads spin and training can be several times slower on a "
+                      "busy machine; use agt (e.g. agt.TrainConfig) before importing torch, or "
+                      "set OMP_WAIT_POLICY=PASSIVE before the program starts",
+                      ThreadingWarning, stacklevel=3)
+    return {}
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

@@ -15,8 +15,16 @@ B. Bounds vs thread count: a float32 64-100-2 MLP on 2000 random records (1 full
 C. An ensemble (T = 10 teachers of the digits MLP if scikit-learn is installed, else Blobs
    MLP teachers): serially with 1 and with 2 threads per teacher vs 2 worker processes with
    1 thread each (what agt allows on 2 cores), and whether the ensemble ids agree.
+D. The Python path vs the command line: the README quick start's training (its data and
+   config) run as the README prints it (agt used before torch loads, so the facade's first
+   use sets OMP_WAIT_POLICY), as a program that imports torch first (the old path, which
+   warns), and as ``agt train --config --data`` on the same config and data, each in a fresh
+   process, alone and next to one busy process. Training seconds: the clock of
+   `agt.training.train` (which ``agt.train`` wraps and ``agt train`` prints), and the whole
+   process's wall time (the command also writes the bundle and certifies the test split);
+   ratios of the minima, Python / CLI.
 
-    python benchmarks/bench_threads.py [--repeats 3] [--skip A,B,C]
+    python benchmarks/bench_threads.py [--repeats 3] [--skip A,B,C,D]
 """
 
 from __future__ import annotations
@@ -167,6 +175,104 @@ def part_c(repeats: int) -> None:
         print(f"{label:28s} {fmt(walls):>26s}  {', '.join(sorted(ids))}", flush=True)
 
 
+#: the README quick start's training, as a program runs it (`first` picks the import order)
+QUICK_START = r"""
+import json, sys, time
+if sys.argv[1] == "torch-first":
+    import torch  # noqa: F401
+import numpy as np, agt
+rng = np.random.default_rng(0)
+x = rng.normal(size=(600, 6)); y = (x[:, 0] + 0.3 * x[:, 1] > 0).astype(int)
+ds = agt.Dataset.from_arrays(x[:500], y[:500], x[500:], y[500:])
+cfg = agt.TrainConfig.create([{"linear": {"in": 6, "out": 2}}], "cross_entropy",
+                             learning_rate=2.0, clip_gamma=0.1, k_values="0..49")
+# agt.train wraps this same function; its own clock is the one agt train prints
+print(json.dumps({"seconds": agt.train_result(cfg, ds).seconds}))
+"""
+
+
+def _quick_start_files(folder) -> tuple[str, str]:
+    """The quick start's data as an npz and its config as YAML, for ``agt train``."""
+    import yaml
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 6))
+    y = (x[:, 0] + 0.3 * x[:, 1] > 0).astype(np.int64)
+    data = os.path.join(folder, "quick_start.npz")
+    np.savez(data, x_train=x[:500], y_train=y[:500], x_test=x[500:], y_test=y[500:])
+    config = os.path.join(folder, "quick_start.yaml")
+    with open(config, "w") as fh:
+        yaml.safe_dump({"model": [{"linear": {"in": 6, "out": 2}}], "loss": "cross_entropy",
+                        "learning_rate": 2.0, "clip_gamma": 0.1, "k_values": "0..49",
+                        "data": {"name": "npz", "path": data}}, fh)
+    return config, data
+
+
+#: what the ``agt`` console script runs
+AGT_COMMAND = "import sys\nfrom agt.cli import main\nsys.exit(main())"
+
+
+def _timed(cmd: list[str], env: dict) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cmd[-1]} failed:\n{out.stderr[-2000:]}")
+    return time.perf_counter() - t0, out.stdout
+
+
+def part_d(repeats: int) -> None:
+    import re
+    import tempfile
+
+    print("\n== D. README quick start: Python (as printed / torch imported first) vs agt train ==")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    with tempfile.TemporaryDirectory() as tmp:
+        config, data = _quick_start_files(tmp)
+        out_h5 = os.path.join(tmp, "q.h5")
+        ways = {
+            "python, as printed": [sys.executable, "-c", QUICK_START, "agt-first"],
+            "python, torch first": [sys.executable, "-c", QUICK_START, "torch-first"],
+            "agt train (CLI)": [sys.executable, "-c", AGT_COMMAND, "train", "--config", config,
+                                "--data", data, "--out", out_h5, "--overwrite", "--quiet"],
+        }
+        for busy in (False, True):
+            competitor = subprocess.Popen([sys.executable, "-c", BUSY]) if busy else None
+            try:
+                time.sleep(0.5 if busy else 0)
+                train = {w: [] for w in ways}
+                wall = {w: [] for w in ways}
+                failed = {w: [] for w in ways}
+                for _ in range(repeats):           # interleaved, so drift hits every way alike
+                    for way, cmd in ways.items():
+                        try:
+                            seconds, stdout = _timed(cmd, env)
+                        except RuntimeError as exc:      # reported, not hidden
+                            failed[way].append(str(exc).strip().splitlines()[-1][:160])
+                            continue
+                        wall[way].append(seconds)
+                        if way.startswith("agt"):
+                            train[way].append(float(re.search(r"time: ([0-9.]+) s training",
+                                                              stdout).group(1)))
+                        else:
+                            train[way].append(json.loads(stdout.strip().splitlines()[-1])
+                                              ["seconds"])
+                cli_t, cli_w = min(train["agt train (CLI)"]), min(wall["agt train (CLI)"])
+                print(f"neighbour: {'1 busy process' if busy else 'none'}")
+                print(f"  {'how':22s} {'train s: min (min..max)':>26s} {'/ CLI':>6s} "
+                      f"{'process s: min (min..max)':>28s} {'/ CLI':>6s}")
+                for way in ways:
+                    if train[way]:
+                        print(f"  {way:22s} {fmt(train[way]):>26s} "
+                              f"{min(train[way]) / cli_t:6.2f} {fmt(wall[way]):>28s} "
+                              f"{min(wall[way]) / cli_w:6.2f}", flush=True)
+                    for reason in failed[way]:
+                        print(f"  {way:22s} FAILED: {reason}", flush=True)
+            finally:
+                if competitor is not None:
+                    competitor.kill()
+                    competitor.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -180,6 +286,8 @@ def main() -> None:
         part_b()
     if "C" not in skip:
         part_c(args.repeats)
+    if "D" not in skip:
+        part_d(args.repeats)
     print(f"\nload avg at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -62,7 +62,14 @@ class Mechanism(ABC):
 
     @abstractmethod
     def guarantee(self, relation: str) -> Guarantee:
-        """Per-query guarantee under `relation` (validated)."""
+        """Per-query guarantee under `relation` (validated).
+
+        Args:
+            relation: "replace-one" or "add-remove".
+
+        Returns:
+            The `Guarantee` (eps, delta) of one released query.
+        """
 
     @abstractmethod
     def _draw(self, inputs, rng: np.random.Generator) -> NDArray[np.int64]:
@@ -74,11 +81,27 @@ class Mechanism(ABC):
 
     # -- shared ---------------------------------------------------------------------------
     def relations(self, inputs) -> tuple[str, ...]:
-        """Relations under which `guarantee` holds for these inputs."""
+        """Relations under which `guarantee` holds for these inputs.
+
+        Args:
+            inputs: `Certified` or `Votes`.
+
+        Returns:
+            Every relation for a mechanism that spends no radius, else the certificates'.
+        """
         return RELATIONS if self.relation_free else tuple(inputs.source.relations)
 
     def check(self, inputs) -> None:
-        """Refuse inputs this mechanism cannot release, with one typed error."""
+        """Refuse inputs this mechanism cannot release, with one typed error.
+
+        Args:
+            inputs: `Certified` or `Votes`.
+
+        Raises:
+            DataError: inputs of the wrong kind.
+            PrivacyError: too many classes, or radii that are missing or not smooth where the
+                mechanism spends them.
+        """
         if not isinstance(inputs, self.input_type):
             kind = {Certified: "a single model's Certified", Votes: "an ensemble's Votes"}.get(
                 self.input_type, self.input_type.__name__)
@@ -106,7 +129,18 @@ class Mechanism(ABC):
 
     def guarantee_for(self, inputs, relation: str) -> Guarantee:
         """The per-query guarantee of releasing `inputs`, stated under `relation`: native
-        where the inputs' certificates hold under it, else converted (guarantee.py)."""
+        where the inputs' certificates hold under it, else converted (guarantee.py).
+
+        Args:
+            inputs: `Certified` or `Votes`.
+            relation: the relation to state it under.
+
+        Returns:
+            The `Guarantee`.
+
+        Raises:
+            PrivacyError: an unknown relation, or one no conversion reaches.
+        """
         problems = Problems(self.name, PrivacyError)
         check_relation(relation, problems)
         problems.raise_if_any()
@@ -125,7 +159,18 @@ class Mechanism(ABC):
 
     def release(self, inputs, rng: np.random.Generator) -> NDArray[np.int64]:
         """Draw the released labels. Product code calls `Ledger.release`, which records the
-        spend before it calls this."""
+        spend before it calls this.
+
+        Args:
+            inputs: `Certified` or `Votes` (checked by `check`).
+            rng: the numpy Generator to draw from.
+
+        Returns:
+            (Q,) int64 labels; `REFUSED` where the mechanism declines to answer.
+
+        Raises:
+            PrivacyError: `rng` is not a numpy Generator, or the inputs fail `check`.
+        """
         self.check(inputs)
         if not isinstance(rng, np.random.Generator):
             raise PrivacyError("release needs a numpy Generator (the ledger makes one from the "
@@ -134,7 +179,21 @@ class Mechanism(ABC):
         return labels
 
     def correct_probability(self, inputs, y: ArrayLike) -> NDArray[np.float64]:
-        """Exact probability, per query, that the release equals y (REFUSED counts as wrong)."""
+        """Exact probability, per query, that the release equals y (REFUSED counts as wrong).
+
+        An owner-side analysis tool: a function of the radii, it draws nothing and spends
+        nothing, and is owner-only.
+
+        Args:
+            inputs: `Certified` or `Votes`.
+            y: (Q,) reference labels (true labels, or the served predictions).
+
+        Returns:
+            (Q,) float64 probabilities in [0, 1].
+
+        Raises:
+            DataError: `y` does not have one label per query.
+        """
         self.check(inputs)
         y = np.asarray(y)
         if y.shape != (inputs.n_queries,):
@@ -201,7 +260,14 @@ def register(name: str, *, inputs: type, needs_delta: bool, summary: str):
 
 
 def mechanism_names(inputs: type | None = None) -> tuple[str, ...]:
-    """Registered names, optionally only those releasing `inputs` (Certified or Votes)."""
+    """Registered mechanism names.
+
+    Args:
+        inputs: None for all, or `Certified` / `Votes` for those releasing that input.
+
+    Returns:
+        The names, in registry order.
+    """
     return tuple(n for n, e in load_registry().items() if inputs is None or e.inputs is inputs)
 
 
@@ -238,8 +304,21 @@ def describe_registry() -> list[MechanismInfo]:
 
 def make_mechanism(name: str, epsilon: float, delta: float | None = None,
                    **options) -> Mechanism:
-    """The mechanism registered as `name` with per-query `epsilon` (and `delta` where it
-    takes one); refuses an unknown name, and a missing or unexpected delta."""
+    """The mechanism registered as `name` with per-query `epsilon`.
+
+    Args:
+        name: a registered name (`mechanism_names`, docs/choosing-a-mechanism.md).
+        epsilon: the per-query (or per-release) eps > 0.
+        delta: the per-query delta in (0, 1) for an (eps, delta) mechanism; None otherwise.
+        **options: the mechanism's own options (e.g. a PTR threshold).
+
+    Returns:
+        The `Mechanism`.
+
+    Raises:
+        ConfigError: an unknown name.
+        PrivacyError: a missing delta, or a delta given to a pure eps mechanism.
+    """
     entry = load_registry().get(name)
     if entry is None:
         raise ConfigError(f"unknown mechanism {name!r}; choose one of "

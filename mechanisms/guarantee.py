@@ -79,8 +79,17 @@ class Guarantee:
         return self.delta == 0
 
     def in_relation(self, relation: str) -> "Guarantee":
-        """This guarantee stated under `relation` (see the module docstring); raises
-        PrivacyError where no conversion holds."""
+        """This guarantee stated under `relation` (see the module docstring).
+
+        Args:
+            relation: "replace-one" or "add-remove".
+
+        Returns:
+            The `Guarantee` under `relation` (itself when it is already stated there).
+
+        Raises:
+            PrivacyError: no conversion holds.
+        """
         if relation == self.relation:
             return self
         if self.relation == ADD_REMOVE and relation == REPLACE_ONE:

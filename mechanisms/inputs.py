@@ -60,7 +60,14 @@ class Source:
     @staticmethod
     def of(certificate) -> "Source":
         """From an agt certificate (attributes source_id, dataset_sha256, relations,
-        smooth_radii, selection)."""
+        smooth_radii, selection).
+
+        Args:
+            certificate: an `agt.Certificate` or `agt.EnsembleCertificate`.
+
+        Returns:
+            The `Source` a release records.
+        """
         return Source(str(certificate.source_id), str(certificate.dataset_sha256),
                       tuple(certificate.relations), bool(certificate.smooth_radii),
                       str(certificate.selection))
@@ -103,17 +110,34 @@ class Certified:
 
     @property
     def n_queries(self) -> int:
+        """The number of queries Q."""
         return int(self.prediction.shape[0])
 
     @staticmethod
     def from_certificate(certificate, query_ids=None, *, with_radii: bool = True) -> "Certified":
-        """From an agt `Certificate` (prediction, radius, n_classes and the Source fields)."""
+        """From an agt `Certificate` (prediction, radius, n_classes and the Source fields).
+
+        Args:
+            certificate: an `agt.Certificate` (owner-only).
+            query_ids: optional ids of the queries, for the ledger's record.
+            with_radii: False to drop the radii (for mechanisms that spend none).
+
+        Returns:
+            The `Certified` inputs of `Ledger.release`.
+        """
         return Certified(certificate.prediction, certificate.radius if with_radii else None,
                          int(certificate.n_classes), Source.of(certificate),
                          None if query_ids is None else tuple(query_ids))
 
     def subset(self, index) -> "Certified":
-        """The same inputs for the queries selected by `index` (slice or array)."""
+        """The same inputs for the queries selected by `index`.
+
+        Args:
+            index: a slice or an index array.
+
+        Returns:
+            A `Certified` of the selected queries.
+        """
         ids = None if self.query_ids is None else tuple(np.asarray(self.query_ids)[index])
         return Certified(self.prediction[index],
                          None if self.radius is None else self.radius[index],
@@ -154,22 +178,41 @@ class Votes:
 
     @property
     def n_queries(self) -> int:
+        """The number of queries Q."""
         return int(self.votes.shape[0])
 
     @property
     def n_teachers(self) -> int:
+        """The number of teachers T."""
         return int(self.votes.shape[1])
 
     @staticmethod
     def from_certificate(certificate, query_ids=None, *, with_radii: bool = True) -> "Votes":
         """From an agt `EnsembleCertificate` (teacher_predictions, teacher_radii, n_classes
-        and the Source fields)."""
+        and the Source fields).
+
+        Args:
+            certificate: an `agt.EnsembleCertificate` (owner-only).
+            query_ids: optional ids of the queries, for the ledger's record.
+            with_radii: False to drop the radii (for mechanisms that spend none).
+
+        Returns:
+            The `Votes` inputs of `Ledger.release`.
+        """
         return Votes(certificate.teacher_predictions,
                      certificate.teacher_radii if with_radii else None,
                      int(certificate.n_classes), Source.of(certificate),
                      None if query_ids is None else tuple(query_ids))
 
     def subset(self, index) -> "Votes":
+        """The same votes for the queries selected by `index`.
+
+        Args:
+            index: a slice or an index array.
+
+        Returns:
+            A `Votes` of the selected queries.
+        """
         ids = None if self.query_ids is None else tuple(np.asarray(self.query_ids)[index])
         return Votes(self.votes[index], None if self.radii is None else self.radii[index],
                      self.n_classes, self.source, ids)

@@ -16,11 +16,12 @@ def test_python_use_snippet_runs(tmp_path, monkeypatch):
     section = README.split("## Python use", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
-    out = namespace["out"]
-    assert out.labels.shape == (100,) and out.guarantee.relation == "replace-one"
-    assert (tmp_path / "ledger.db").is_file()
+    for _ in range(2):          # twice in a row, as a reader re-running it would
+        namespace: dict = {}
+        exec(compile(code, "README.md", "exec"), namespace)
+        out = namespace["out"]
+        assert out.labels.shape == (100,) and out.guarantee.relation == "replace-one"
+        assert Path(namespace["ledger_path"]).is_file()
 
 
 def test_the_two_commands_come_first_and_ci_runs_the_test_command():

@@ -38,6 +38,25 @@ _U64 = 2.0**-53
 
 
 class Certifier:
+    """Certify queries against one bundle: the served prediction and its stability radius.
+
+    Build one per bundle (it prepares the model and the bound passes once) and call
+    `certify`; ``agt.certify`` is the one-call form. A bundle with an input scale gets every
+    query scaled by it first (agt/scaling.py).
+
+    Args:
+        bundle: the bounds bundle.
+        device: where to evaluate the boxes ("cpu" or "cuda").
+        served: optionally the model actually served (parameters or module), checked to
+            equal the bundle's nominal parameters.
+        trajectory: an `agt.trajectory.TrajectoryBounds` of this bundle (linear heads;
+            needs the training data): a query is then also certified where its margin bound
+            along the training run certifies, and the certificate holds under replace-one.
+
+    Raises:
+        BundleError: trajectory bounds of another bundle, or a model the certifier cannot
+            test (one that does not end in a linear layer).
+    """
     def __init__(self, bundle: Bundle, device: str | torch.device = "cpu",
                  served: dict[str, torch.Tensor] | torch.nn.Module | None = None,
                  trajectory=None):
@@ -102,9 +121,19 @@ class Certifier:
         if not bool(torch.isfinite(x).all()):
             bad = int((~torch.isfinite(x.reshape(x.shape[0], -1))).any(1).nonzero()[0])
             raise DataError(f"query {bad} contains NaN or infinite values")
+        if self.bundle.input_scale is not None:     # public, recorded scale (agt/scaling.py)
+            x = torch.from_numpy(self.bundle.input_scale.apply(x.numpy()))
         return x.to(self.device, self.dtype)
 
     def predict(self, x) -> np.ndarray:
+        """The served model's classes (no certification).
+
+        Args:
+            x: the queries, (Q, *features), in the original units.
+
+        Returns:
+            (Q,) int64 classes.
+        """
         xq = self._check_queries(x)
         with torch.no_grad(), strict_kernels(self.device):
             z, _ = self.full.forward_nominal(self.nominal, xq)
@@ -209,11 +238,21 @@ class Certifier:
                            fm: FloatModel) -> torch.Tensor:
         """Per query q, a lower bound on the served model's margin of its predicted class
         (the logit for a prediction of 1 and minus it for 0; min over other classes of
-        z_pred - z_c) over the parameter box ``params`` (one box per query, leading
+        z_pred - z_c) over the parameter box `params` (one box per query, leading
         dimension Q). The box test grades each query's pass by its box's k
         (agt/interval.py), so the computed bound is isotone in the box: a box inside it
         tested at a smaller k, such as box(D', k - 1) of a neighbour, or box j - 1 of the
-        same bundle (the binary search's premise), gets a bound at least as large."""
+        same bundle (the binary search's premise), gets a bound at least as large.
+
+        Args:
+            feats: the inputs of the trainable part (exact, or an Interval behind a prefix).
+            pred: (Q,) the served classes.
+            params: name -> the Interval box of each trainable parameter, leading dimension Q.
+            fm: the float model whose rounding the bound accounts for.
+
+        Returns:
+            (Q,) float64 lower bounds; > 0 certifies the query at that box.
+        """
         Q = pred.shape[0]
         if isinstance(feats, Interval):
             x_box = Interval(feats.lo[0].unsqueeze(1), feats.hi[0].unsqueeze(1))  # (Q, 1, ...)
@@ -297,9 +336,19 @@ class Certifier:
 
     # -- public ---------------------------------------------------------------------------
     def certify(self, x, radii: bool = True) -> Certificate:
-        """Binary search for the largest certified box per query. ``radii=False``: the
-        nominal predictions only (radius and max_certified_k are None), for releases that
-        spend no radius."""
+        """Binary search for the largest certified box per query (owner-only result).
+
+        Args:
+            x: the queries, (Q, *features), in the original units.
+            radii: False for the nominal predictions only (radius and max_certified_k None),
+                for releases that spend no radius.
+
+        Returns:
+            The `Certificate`.
+
+        Raises:
+            DataError: queries of another feature shape, or with NaN or infinite values.
+        """
         xq = self._check_queries(x)
         with torch.no_grad(), strict_kernels(self.device):
             z, _ = self.full.forward_nominal(self.nominal, xq)
@@ -330,7 +379,14 @@ class Certifier:
         return self._finish(pred, best)
 
     def certify_linear(self, x) -> Certificate:
-        """Reference: test every box in order; k* = last k of the certified prefix."""
+        """Reference: test every box in order; k* = the last k of the certified prefix.
+
+        Args:
+            x: the queries, (Q, *features).
+
+        Returns:
+            The `Certificate` (equal to `certify`'s; slower, for tests).
+        """
         xq = self._check_queries(x)
         with torch.no_grad(), strict_kernels(self.device):
             z, _ = self.full.forward_nominal(self.nominal, xq)

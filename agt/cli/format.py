@@ -6,18 +6,7 @@ import argparse
 import math
 from typing import Sequence
 
-
-def summary_ks(k_values: Sequence[int], limit: int = 12) -> list[int]:
-    """A readable subset of a k grid: all of it if short, else its ends and round values."""
-    k_values = list(k_values)
-    if len(k_values) <= limit:
-        return k_values
-    picks = {k_values[0], k_values[-1]}
-    for target in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000):
-        candidates = [k for k in k_values if k <= target]
-        if candidates:
-            picks.add(candidates[-1])
-    return sorted(picks)
+from agt.certify.certificate import summary_ks  # noqa: F401  (the commands import it here)
 
 
 def certified_fractions(frac: dict[int, float], k_values: Sequence[int], label: str = "") -> str:

@@ -18,7 +18,9 @@ private model, never a privacy-preserving release.
 
 from __future__ import annotations
 
+import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +52,10 @@ def add_parser(sub) -> None:
                         "distributed extra)")
     t.add_argument("--overwrite", action="store_true",
                    help="replace an existing --out (a bundle, or an ensemble directory)")
+    t.add_argument("--scale-from", type=non_empty, metavar="PUBLIC.npz",
+                   help="scale the features by the mean and standard deviation of this "
+                        "PUBLIC file's x_train (else x); recorded in the bundle and applied "
+                        "to every query. Never the private training file")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=run)
 
@@ -61,6 +67,10 @@ def run(args) -> int:
     from agt.parallel import plan_execution
     from agt.threads import TEACHER_THREADS, configure_threads
 
+    if args.ensemble and args.scale_from:
+        raise ConfigError("--scale-from scales the inputs of one model; ensembles do not "
+                          "record an input scale yet: scale the npz files with public "
+                          "statistics instead")
     if not args.ensemble and (args.workers or args.ray_address):
         raise ConfigError("--workers and --ray-address train an ensemble's teachers in "
                           "parallel; give --ensemble T")
@@ -103,13 +113,18 @@ def run(args) -> int:
 
 
 def _single(args, cfg, ds, out: Path) -> int:
+    from agt.api import check_bundle_fit, train_scaled
     from agt.certify import Certifier
+    from agt.scaling import InputScale
     from agt.store import from_result, write_bundle
-    from agt.training import train
 
+    scale = InputScale.from_npz(args.scale_from) if args.scale_from else None
     t0 = time.perf_counter()
-    result = train(cfg, ds, progress=not args.quiet)
-    bundle = from_result(result)
+    with warnings.catch_warnings():             # the data checks' warnings, one line each
+        warnings.showwarning = _one_line
+        result = train_scaled(cfg, ds, scale, progress=not args.quiet)
+        bundle = from_result(result, input_scale=scale)
+        check_bundle_fit(bundle, ds)
     write_bundle(bundle, out)
     print(f"trained {ds.name}: n={ds.n_train}, {len(result.k_values)} k values "
           f"({result.k_values[0]}..{result.k_values[-1]}), relations "
@@ -117,6 +132,8 @@ def _single(args, cfg, ds, out: Path) -> int:
           f"{bundle.bound_method}")
     print(f"time: {result.seconds:.2f} s training, {time.perf_counter() - t0:.2f} s total")
     print(f"bundle: {out}")
+    if scale is not None:
+        print(f"input scale: {scale.source}, recorded in the bundle and applied to queries")
     if ds.x_test is not None and len(ds.x_test):
         cert = Certifier(bundle).certify(ds.x_test)
         if ds.y_test is not None:
@@ -125,6 +142,10 @@ def _single(args, cfg, ds, out: Path) -> int:
         print("certified fraction of the test split (owner-only):")
         print(certified_fractions(cert.certified_fraction(), result.k_values))
     return 0
+
+
+def _one_line(message, category, *_args, **_kwargs) -> None:
+    print(f"agt: warning: {message}", file=sys.stderr)
 
 
 def _ensemble(args, cfg, ds, out: Path, execution) -> int:

@@ -57,8 +57,17 @@ def load_dataset(name: str, options: Mapping[str, Any] | None = None,
                  base_dir: Path | None = None) -> Dataset:
     """Load dataset `name` (blobs, npz, octmnist, imdb, digits, mnist) with its `options`.
 
-    Relative paths in the options are resolved against `base_dir` (e.g. the config file's
-    folder) when given, else against the working directory. The result is validated.
+    Args:
+        name: the loader (docs/data.md).
+        options: the loader's options (the config's ``data`` keys beside ``name``).
+        base_dir: the folder relative paths in the options resolve against (e.g. the config
+            file's); default the working directory.
+
+    Returns:
+        The validated `Dataset`.
+
+    Raises:
+        ConfigError: an unknown name or a bad option (one error naming every key).
     """
     loader = _LOADERS.get(name) if isinstance(name, str) else None
     if loader is None:

@@ -44,14 +44,17 @@ class Dataset:
 
     @property
     def feature_shape(self) -> tuple[int, ...]:
+        """The shape of one record, (*features)."""
         return tuple(int(s) for s in self.x_train.shape[1:])
 
     @property
     def n_train(self) -> int:
+        """The number of training records."""
         return int(self.x_train.shape[0])
 
     @property
     def n_test(self) -> int:
+        """The number of test records (0 without a test split)."""
         return 0 if self.x_test is None else int(self.x_test.shape[0])
 
     @staticmethod
@@ -60,8 +63,24 @@ class Dataset:
         """A validated dataset from array-likes (the Python API's entry point).
 
         Features become float64 of shape (n, *features); labels int64 of shape (n,) (a
-        trailing axis of 1 is dropped; float labels must be whole numbers); n_classes
-        defaults to 1 + the largest label of either split (at least 2)."""
+        trailing axis of 1 is dropped; float labels must be whole numbers).
+
+        Args:
+            x_train: the private training features, (n, *features).
+            y_train: their labels, (n,) whole numbers in [0, n_classes).
+            x_test: optional test features (queries), the same feature shape.
+            y_test: optional test labels.
+            n_classes: the number of classes; default 1 + the largest label of either split
+                (at least 2). Give it when a class may have no record.
+            name: a name for messages and provenance.
+            meta: JSON-friendly provenance to keep.
+
+        Returns:
+            The validated `Dataset`.
+
+        Raises:
+            DataError: a wrong shape, a non-finite feature, a label out of range.
+        """
         from agt.data.options import as_features, as_labels
 
         x = as_features(np.asarray(x_train), "x_train")
@@ -79,6 +98,9 @@ class Dataset:
         Canonical bytes: a format tag, the shapes of x_train and y_train as little-endian
         int64 (with their ranks), then x_train as little-endian float64 and y_train as
         little-endian int64, both C-contiguous. Name, test split and meta do not enter.
+
+        Returns:
+            64 hex digits.
         """
         x = np.ascontiguousarray(self.x_train, dtype="<f8")
         y = np.ascontiguousarray(self.y_train, dtype="<i8")

@@ -38,6 +38,7 @@ class EnsembleCertificate:
 
     @property
     def n_teachers(self) -> int:
+        """The number of teachers T."""
         return int(self.teacher_predictions.shape[1])
 
 
@@ -67,11 +68,26 @@ class EnsembleCertifier:
                 for t, b in enumerate(self.ensemble.bundles)]
 
     def predict_teachers(self, x) -> np.ndarray:
-        """(Q, T) nominal votes (no certification)."""
+        """Every teacher's nominal class per query (no certification).
+
+        Args:
+            x: the queries, (Q, *features).
+
+        Returns:
+            (Q, T) int64 votes.
+        """
         return np.stack([c.predict(x) for c in self.certifiers], axis=1).astype(np.int64)
 
     def certify(self, x, radii: bool = True) -> EnsembleCertificate:
-        """Every teacher's certificate; ``radii=False``: votes only (radii None)."""
+        """Every teacher's certificate of the queries (owner-only).
+
+        Args:
+            x: the queries, (Q, *features).
+            radii: False for votes only (radii None), for releases that spend none.
+
+        Returns:
+            An `EnsembleCertificate` (teacher predictions and radii).
+        """
         t0 = time.perf_counter()
         certs = [c.certify(x, radii=radii) for c in self.certifiers]
         ens = self.ensemble

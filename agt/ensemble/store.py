@@ -23,32 +23,48 @@ MANIFEST = "manifest.json"
 
 @dataclass
 class Ensemble:
+    """T teachers trained on disjoint parts of one private dataset (owner-only).
+
+    `train_ensemble` returns one, `write_ensemble` / `read_ensemble` store it as a directory
+    of teacher bundles and a manifest (docs/reference/formats.md).
+
+    Attributes:
+        path: the directory it was read from or written to (None in memory).
+        manifest: the JSON manifest (teachers, k grid, relations, dataset hash, execution).
+        bundles: the teachers' bundles, in teacher order.
+    """
     path: Path | None
     manifest: dict
     bundles: list[Bundle]
 
     @property
     def n_teachers(self) -> int:
+        """The number of teachers T."""
         return len(self.bundles)
 
     @property
     def k_values(self) -> tuple[int, ...]:
+        """The k grid every teacher shares."""
         return tuple(self.manifest["k_values"])
 
     @property
     def relations(self) -> tuple[str, ...]:
+        """The neighbouring relations the ensemble's radii hold under."""
         return tuple(self.manifest["relations"])
 
     @property
     def seeds(self) -> list[int]:
+        """Each teacher's training seed, in teacher order."""
         return [int(e["seed"]) for e in self.manifest["teachers"]]
 
     @property
     def config(self) -> dict:
+        """The training configuration every teacher used (a copy)."""
         return dict(self.manifest["config"])
 
     @property
     def spec(self):
+        """The model architecture every teacher shares."""
         return self.bundles[0].spec
 
     @property
@@ -61,6 +77,7 @@ class Ensemble:
 
     @property
     def training_seconds(self) -> list[float]:
+        """Each teacher's training time in seconds (NaN where not recorded)."""
         return [float(e.get("seconds", float("nan"))) for e in self.manifest["teachers"]]
 
 
@@ -76,9 +93,21 @@ def _replaceable(path: Path) -> bool:
 
 
 def write_ensemble(ensemble: Ensemble, path: str | Path) -> Path:
-    """Write the ensemble directory atomically (agt.io.atomic_directory): teachers and
-    manifest go to a fresh temporary directory that then replaces ``path``. An existing
-    ``path`` is replaced only if it holds an ensemble and nothing else."""
+    """Write the ensemble directory atomically (agt.io.atomic_directory).
+
+    Teachers and manifest go to a fresh temporary directory that then replaces `path`. An
+    existing `path` is replaced only if it holds an ensemble and nothing else.
+
+    Args:
+        ensemble: the ensemble to store (owner-only).
+        path: the directory to write.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ConfigError: `path` is a file, or a directory holding something else.
+    """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{path} exists and is not a directory; an ensemble is written "
@@ -194,8 +223,18 @@ def _manifest_problems(m: Any) -> list[str]:
 
 
 def read_ensemble(path: str | Path) -> Ensemble:
-    """Read an ensemble directory; validate the manifest and every teacher bundle against it.
-    Raises one BundleError listing every problem found."""
+    """Read an ensemble directory; validate the manifest and every teacher bundle.
+
+    Args:
+        path: a directory written by `write_ensemble` (``agt train --ensemble``).
+
+    Returns:
+        The `Ensemble`.
+
+    Raises:
+        BundleError: one error listing every problem found (missing files, a teacher that
+            does not match the manifest, damage).
+    """
     path = Path(path)
     if not path.exists():
         raise BundleError(f"ensemble not found: {path}")

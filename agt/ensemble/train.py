@@ -51,8 +51,8 @@ def train_ensemble(cfg: TrainConfig, ds: Dataset, n_teachers: int, *,
                    workers: int | None = None, backend: str | None = None,
                    threads: int | None = None, ray_address: str | None = None,
                    retries: int = DEFAULT_RETRIES, progress: bool = False) -> Ensemble:
-    """Train T teachers with AGT on the index-mod-T parts of ``ds`` (one pass each over the
-    config's k grid). Returns the ensemble in memory (``path`` None); see `write_ensemble`.
+    """Train T teachers with AGT on the index-mod-T parts of `ds` (one pass each over the
+    config's k grid).
 
     Execution (agt/parallel.py): `backend` "serial" (default), "process" (`workers` local
     processes; the default when workers > 1) or "ray" (the default with a `ray_address`;
@@ -67,7 +67,22 @@ def train_ensemble(cfg: TrainConfig, ds: Dataset, n_teachers: int, *,
     test_parallel_ensemble.py). The manifest records how it ran (``execution``: backend,
     workers, threads_per_teacher, re-runs). A teacher whose worker fails is re-run (at most
     `retries` times, then WorkerError); a user error in a teacher (AGTError) is raised once,
-    unretried; either way nothing is returned, so nothing half-trained can be written."""
+    unretried; either way nothing is returned, so nothing half-trained can be written.
+
+    Args:
+        cfg: the training configuration of every teacher.
+        ds: the private training data (split by record index mod T).
+        n_teachers: T >= 1.
+        workers: parallel workers (processes or Ray tasks).
+        backend: "serial", "process" or "ray" (default: from `workers` and `ray_address`).
+        threads: intra-op threads per teacher.
+        ray_address: "local", "auto" or "ray://host:port" for the Ray backend.
+        retries: re-runs of a teacher after a worker failure.
+        progress: a progress bar over teachers.
+
+    Returns:
+        The `Ensemble` in memory (``path`` None); `write_ensemble` stores it.
+    """
     validate_dataset(ds)
     check_ensemble_plan(cfg, ds.n_train, n_teachers)
     execution = plan_execution(n_teachers, workers=workers, backend=backend, threads=threads,

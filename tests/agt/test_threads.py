@@ -82,3 +82,54 @@ def test_recommended_environment_fills_only_what_the_user_left_unset():
     assert added == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     assert environ == {"OMP_WAIT_POLICY": "ACTIVE", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     assert apply_recommended_environment(environ) == {}
+
+
+def test_first_use_gives_python_the_command_lines_settings(monkeypatch):
+    """Torch not loaded yet: the facade's first use fills what the user left unset, once."""
+    from agt import threads
+
+    monkeypatch.setattr(threads, "_first_use_done", False)
+    environ = {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+    assert threads.prepare_first_use(environ, loaded=set()) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert environ == {"OMP_WAIT_POLICY": "PASSIVE", "CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+    environ.clear()
+    assert threads.prepare_first_use(environ, loaded=set()) == {} and environ == {}
+
+
+def test_first_use_after_torch_warns_once_and_changes_nothing(monkeypatch):
+    from agt import threads
+
+    monkeypatch.setattr(threads, "_first_use_done", False)
+    monkeypatch.setattr(threads, "_torch_threads", lambda: 2)
+    environ: dict = {}
+    with pytest.warns(threads.ThreadingWarning, match="OMP_WAIT_POLICY=PASSIVE"):
+        assert threads.prepare_first_use(environ, loaded={"torch"}) == {}
+    assert environ == {}
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        threads.prepare_first_use(environ, loaded={"torch"})       # once per process
+    monkeypatch.setattr(threads, "_first_use_done", False)
+    with warnings.catch_warnings():                                 # the user's policy: quiet
+        warnings.simplefilter("error")
+        threads.prepare_first_use({"OMP_WAIT_POLICY": "ACTIVE"}, loaded={"torch"})
+
+
+def test_the_facades_first_use_sets_the_wait_policy_before_torch_loads():
+    """End to end in a fresh interpreter: ``import agt`` changes nothing, the first public
+    name sets OMP_WAIT_POLICY before torch (which the name's module loads) reads it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = ("import json, os, sys, agt\n"
+            "before = os.environ.get('OMP_WAIT_POLICY')\n"
+            "agt.TrainConfig\n"
+            "print(json.dumps([before, os.environ.get('OMP_WAIT_POLICY'),\n"
+            "                  'torch' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [None, "PASSIVE", True]
