@@ -79,8 +79,11 @@ class PlanRow:
     refused: str | None = None
 
     def to_json(self) -> dict:
-        """The row as `agt plan --json` prints it (`JSON_KEYS`; accuracy null without
-        labels)."""
+        """The row as `agt plan --json` prints it.
+
+        Returns:
+            A dict with the keys `JSON_KEYS` (expected accuracy None without labels).
+        """
         e = self.expectation
         return {"mechanism": self.mechanism, "accountant": self.accountant,
                 "epsilon_per_query": self.epsilon_per_query,
@@ -116,7 +119,11 @@ class ReleasePlan:
     labelled: bool
 
     def to_json(self) -> dict:
-        """``{"rows": [...], "recommended": name or None}`` (what `agt plan --json` prints)."""
+        """The plan as `agt plan --json` prints it.
+
+        Returns:
+            ``{"rows": [row.to_json(), ...], "recommended": name or None}``.
+        """
         return {"rows": [r.to_json() for r in self.rows],
                 "recommended": None if self.recommended is None else self.recommended.mechanism}
 

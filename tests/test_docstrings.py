@@ -11,10 +11,6 @@ import textwrap
 import agt
 import mechanisms
 
-# the names defined in mechanisms/ledger.py, whose docstrings are written with its split
-_LEDGER_NAMES_DOCUMENTED_ELSEWHERE = frozenset(
-    {"Ledger", "LedgerEntry", "Release", "default_ledger_path", "hash_query"})
-
 
 def _raises(func) -> bool:
     """Whether the function's own body has a ``raise`` statement (not a bare re-raise)."""
@@ -83,8 +79,6 @@ def _undocumented() -> list[str]:
     problems = []
     for package in (agt, mechanisms):
         for name in package.__all__:
-            if name in _LEDGER_NAMES_DOCUMENTED_ELSEWHERE and package is mechanisms:
-                continue
             obj = getattr(package, name)
             where = f"{package.__name__}.{name}"
             if inspect.isclass(obj):
