@@ -40,12 +40,23 @@ def _notes(exc: BaseException) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agt.cli import certify, inspect, keys, predict, reproduce, serve, teacher_labels, train
+    from agt.cli import (
+        certify,
+        inspect,
+        keys,
+        predict,
+        reproduce,
+        serve,
+        teacher_labels,
+        train,
+        tune,
+    )
 
     p = argparse.ArgumentParser(prog="agt", description="Abstract Gradient Training: sound "
                                 "parameter bounds and smooth-sensitivity private prediction")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (train, inspect, certify, predict, teacher_labels, reproduce, serve, keys):
+    for module in (train, tune, inspect, certify, predict, teacher_labels, reproduce, serve,
+                   keys):
         module.add_parser(sub)
     return p
 
