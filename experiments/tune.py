@@ -45,6 +45,7 @@ radii behind the scores are radii of models trained on public records.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -407,6 +408,8 @@ def tune(public: Dataset, template: TrainConfig, budget: ReleaseBudget, *,
         raise DataError(f"the public labels have {c} classes but the template's model "
                         f"predicts {model_classes}; is this public data of the same task?")
     c = model_classes
+    if public.n_classes != c:       # a class the public records lack is still a class
+        public = validate_dataset(dataclasses.replace(public, n_classes=c))
     space = dict(space if space is not None else search_space(template))
     releases = {}
     for name in MECHANISMS_TRIED:

@@ -156,9 +156,7 @@ def _table(result) -> str:
     """One row per candidate: its settings, each release's score, the best."""
     keys = ("learning_rate", "n_epochs", "clip_gamma", "batch_size", "k_values",
             "bound_method")
-    mechs = sorted({m for row in result.candidates for m in row["scores"]},
-                   key=lambda m: list(result.candidates[0]["scores"]).index(m)
-                   if m in result.candidates[0]["scores"] else 99)
+    mechs = list(dict.fromkeys(m for row in result.candidates for m in row["scores"]))
     header = ["#", "lr", "epochs", "gamma", "batch", "k grid", "bounds"] + mechs + ["best"]
     body = []
     for row in result.candidates:

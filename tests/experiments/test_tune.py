@@ -14,7 +14,7 @@ import pytest
 
 from agt.cli import main
 from agt.config import config_from_dict, load_config
-from agt.errors import ConfigError
+from agt.errors import ConfigError, DataError
 from experiments import tune as tune_module
 from experiments.public_tuning import budgeted_mechanism
 from experiments.tune import (
@@ -222,3 +222,22 @@ def test_bad_input_is_refused_in_one_line(files, capsys):
         assert not out.exists()
     assert main(base + ["--public", str(d / "public.npz"), "--out", str(d / "x.csv")]) == 2
     assert "must end in .yaml" in capsys.readouterr().err
+
+
+def test_a_class_the_public_records_lack_is_kept(files, monkeypatch):
+    """A three-class template tuned on public records of two classes trains and scores on
+    three classes (the model's), never on the public labels' count."""
+    seen = []
+    monkeypatch.setattr(tune_module, "release_scores", lambda cfg, data, releases, **kw: (
+        seen.append(data.n_classes) or {m: 0.5 for m in releases}))
+    template = config_from_dict({"model": [{"linear": {"in": 4, "out": 3}}],
+                                 "loss": "cross_entropy", "k_values": "0..3"})
+    result = tune(load_public(files / "public.npz"), template, ReleaseBudget(10, 5.0),
+                  space={}, splits=1)
+    assert seen == [3] and result.mechanism == "exp-radius"
+    wide = config_from_dict({"model": [{"linear": {"in": 4, "out": 1}}],
+                             "loss": "binary_cross_entropy"})
+    three = load_public(files / "public.npz")
+    three = three.__class__("p", three.x_train, np.arange(48) % 3, None, None, 3)
+    with pytest.raises(DataError, match="3 classes but the template's model predicts 2"):
+        tune(three, wide, ReleaseBudget(10, 5.0), space={}, splits=1)
