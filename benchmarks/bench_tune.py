@@ -10,7 +10,8 @@ into a public part (30%, for tuning), a private training part (50%) and a held-o
 public statistic). The default is the template (configs/blobs.yaml: lr 2, decay 0.6, one
 full-batch epoch, gamma 0.06, k 0..199) with its model made a linear layer of the data's
 width and classes. `agt tune`'s library call (`experiments.tune.tune`, search space
-``small``, 2 public splits) sees only the public part. Both configs then train on the private
+``small``, 2 public splits, the private part's size as ``private_records`` unless
+``--unscaled``) sees only the public part. Both configs then train on the private
 part; each is scored on the test part by the exact expected accuracy of its release at the
 budget (B = 100 queries, total (eps, delta)), and by the mean of 20 simulated releases
 through in-memory ledgers. The default is scored with exp-radius and, as an upper reference
@@ -90,6 +91,8 @@ def main() -> int:
     ap.add_argument("--template", default="configs/blobs.yaml")
     ap.add_argument("--space", default="small")
     ap.add_argument("--quick", action="store_true", help="one budget, one seed, breast cancer")
+    ap.add_argument("--unscaled", action="store_true",
+                    help="score radii as certified on the public part (no --private-records)")
     args = ap.parse_args()
     base = load_config(args.template)
     sets = ("breast-cancer",) if args.quick else ("breast-cancer", "wine", "digits")
@@ -111,7 +114,8 @@ def main() -> int:
                 public, private = parts(x, y, seed)
                 t0 = time.perf_counter()
                 result = tune(public, template, budget, space=search_space(template, args.space),
-                              splits=2, seed=seed)
+                              splits=2, seed=seed,
+                              private_records=None if args.unscaled else private.n_train)
                 seconds = time.perf_counter() - t0
                 default = released(template, private, MECHANISMS_TRIED, budget, seed)
                 tuned = released(result.config.replace(data=None), private,

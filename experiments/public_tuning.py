@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -196,7 +196,9 @@ def score_release(mechanism: Mechanism, inputs: Certified, y: np.ndarray) -> flo
 
 
 def release_scores(config: TrainConfig, data: Dataset, releases: Mapping[str, Mechanism], *,
-                   relation: str = RELATION, device: str = "cpu") -> dict[str, float | None]:
+                   relation: str = RELATION, device: str = "cpu",
+                   radius_map: Callable[[np.ndarray], np.ndarray] | None = None
+                   ) -> dict[str, float | None]:
     """Train `config` on the training split of `data` (public records), certify its test
     split and score every release on it (`score_release`): the candidate scoring shared by
     the trade-off study's tuning and `agt tune` (experiments/tune.py).
@@ -207,6 +209,8 @@ def release_scores(config: TrainConfig, data: Dataset, releases: Mapping[str, Me
         releases: {label: calibrated mechanism}.
         relation: the neighbouring relation the release must hold under.
         device: where to train and certify.
+        radius_map: maps the certified radii before scoring (`experiments.tune` extrapolates
+            them to another training-set size); None scores them as certified.
 
     Returns:
         {label: score}, None where the release cannot serve this model (a binary-only
@@ -217,6 +221,9 @@ def release_scores(config: TrainConfig, data: Dataset, releases: Mapping[str, Me
         raise DataError("scoring needs a labelled validation split (x_test, y_test)")
     cert = Certifier(from_result(train(config, data)), device=device).certify(data.x_test)
     inputs = Certified.from_certificate(cert)
+    if radius_map is not None:
+        inputs = Certified(inputs.prediction, np.asarray(radius_map(inputs.radius), np.int64),
+                           inputs.n_classes, inputs.source)
     out: dict[str, float | None] = {}
     for label, mech in releases.items():
         try:

@@ -31,8 +31,10 @@ The rule, in the order it runs:
    order, since AGT batches by record index) the public training part. ``splits`` such
    permutations.
 5. Score. Each valid candidate trains on each public training part and certifies the
-   validation part; each release is scored by `experiments.public_tuning.score_release`
-   (its exact expected accuracy on the validation labels), through
+   validation part (given the private set's size N, a full-batch candidate's radii are
+   extrapolated from the public part's size to N, `extrapolated_radius`); each release is
+   scored by `experiments.public_tuning.score_release` (its exact expected accuracy on the
+   validation labels), through
    `experiments.public_tuning.release_scores`, the function the trade-off study's tuning
    uses too. A (candidate, mechanism) pair's score is its mean over the splits; the best
    pair wins, ties to the earlier one (`experiments.public_tuning.choose`).
@@ -365,8 +367,8 @@ def _label(settings: dict) -> str:
 def tune(public: Dataset, template: TrainConfig, budget: ReleaseBudget, *,
          space: Mapping[str, Sequence] | None = None, splits: int = 2,
          validation_fraction: float = 0.25, seed: int = 0, max_k: int = MAX_K,
-         input_norm_bound: float | None = None, device: str = "cpu",
-         progress: bool = False) -> TuneResult:
+         input_norm_bound: float | None = None, private_records: int | None = None,
+         device: str = "cpu", progress: bool = False) -> TuneResult:
     """Choose the training settings and the release with the best expected released
     accuracy on public data (module docstring).
 
@@ -380,6 +382,10 @@ def tune(public: Dataset, template: TrainConfig, budget: ReleaseBudget, *,
         seed: seeds the divisions.
         max_k: the largest k an ``auto`` grid may reach.
         input_norm_bound: the declared input domain of ``stability`` candidates (public).
+        private_records: N, the private training set's size (public in the threat model:
+            every guarantee is stated for it); given, the auto grid is sized for N and the
+            radii of full-batch candidates are extrapolated from the public training part's
+            size to N (`extrapolated_radius`); None scores the radii as certified.
         device: where candidates train and certify.
         progress: draw a progress bar over the trainings.
 
@@ -398,6 +404,9 @@ def tune(public: Dataset, template: TrainConfig, budget: ReleaseBudget, *,
         raise ConfigError(f"splits must be an integer >= 1, got {splits!r}")
     if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 0:
         raise ConfigError(f"max_k must be an integer >= 0, got {max_k!r}")
+    if private_records is not None and (isinstance(private_records, bool) or not isinstance(
+            private_records, (int, np.integer)) or private_records < 2):
+        raise ConfigError(f"private_records must be an integer >= 2, got {private_records!r}")
     c = int(public.n_classes)
     try:
         model_classes = template.model.with_input_shape(public.feature_shape).n_classes
@@ -425,8 +434,10 @@ def tune(public: Dataset, template: TrainConfig, budget: ReleaseBudget, *,
     parts = [split_public(public, validation_fraction, seed, i) for i in range(splits)]
     n_train = min(p.n_train for p in parts)
 
+    n_target = n_train if private_records is None else int(private_records)
+
     def k_auto(batch_size) -> int:
-        batch = n_train if batch_size == "full" else min(int(batch_size), n_train)
+        batch = n_target if batch_size == "full" else min(int(batch_size), n_target)
         return auto_k_max(releases, c, max(0, min(max_k, batch - 1)))
 
     combos = [{}] + grid(space)
@@ -461,9 +472,11 @@ def tune(public: Dataset, template: TrainConfig, budget: ReleaseBudget, *,
                 continue
             per_split: dict[str, list] = {name: [] for name in mechs}
             try:
+                run, radius_map = _public_run(cfg, n_train, private_records)
                 for part in parts:
-                    scores = release_scores(cfg.replace(device=device), part, mechs,
-                                            relation=budget.relation, device=device)
+                    scores = release_scores(run.replace(device=device), part, mechs,
+                                            relation=budget.relation, device=device,
+                                            radius_map=radius_map)
                     for name, s in scores.items():
                         per_split[name].append(s)
                     bar.update(1)
@@ -499,7 +512,10 @@ def tune(public: Dataset, template: TrainConfig, budget: ReleaseBudget, *,
     config = config.replace(**({"data": template.raw["data"]} if "data" in template.raw
                                else {}))
     notes = []
-    if n_train < 100:
+    if private_records is not None:
+        notes.append(f"radii of full-batch candidates extrapolated from {n_train} public "
+                     f"training records to {private_records} private ones (an estimate)")
+    elif n_train < 100:
         notes.append(f"the public training part has {n_train} records; radii grow with the "
                      f"training set's size, so the scores are pessimistic for a larger "
                      f"private set")
@@ -512,6 +528,44 @@ def tune(public: Dataset, template: TrainConfig, budget: ReleaseBudget, *,
     return TuneResult(chosen["settings"], mech_name, planned.epsilon, planned.delta,
                       planned.accountant, float(np.mean(chosen["per_split"][mech_name])),
                       config, rows, split_info, budget, criterion, notes)
+
+
+def extrapolated_radius(radius: np.ndarray, scale: float, grid: Sequence[int]) -> np.ndarray:
+    """Radii certified on a contiguous grid with n training records, extrapolated to a
+    training set of scale * n records and to `grid`.
+
+    Under full-batch training the k replaced records move the batch mean by at most
+    2 k gamma / N per coordinate, so the same settings on scale times the records stand k
+    about scale times larger at equal effect: k* -> floor(scale * k*), then the grid index of
+    the largest grid value <= that k (certificates nest, so every smaller value holds too).
+    An estimate for scoring, not a certificate: the radii `agt certify` gives after
+    training are the ones that count.
+
+    Args:
+        radius: certified radii on a contiguous grid 0..K (= k*; -1: not even k = 0).
+        scale: N_private / n_public.
+        grid: the private config's k grid (ascending, from 0).
+
+    Returns:
+        The extrapolated grid indices (-1 stays -1).
+    """
+    radius = np.asarray(radius, dtype=np.int64)
+    k_star = np.floor(np.maximum(radius, 0) * float(scale)).astype(np.int64)
+    index = np.searchsorted(np.asarray(grid, dtype=np.int64), k_star, side="right") - 1
+    return np.where(radius < 0, -1, index)
+
+
+def _public_run(cfg: TrainConfig, n_public: int, private_records: int | None):
+    """The config a candidate trains on the public parts and the map of its radii: itself
+    and None, or, given the private set's size and a full batch, the contiguous grid that
+    reaches the private grid's largest k after extrapolation (`extrapolated_radius`)."""
+    if private_records is None or not cfg.full_batch:
+        return cfg, None
+    scale = private_records / n_public
+    grid = tuple(cfg.k_values)
+    k_pub = max(0, min(n_public - 1, math.ceil(grid[-1] / scale)))
+    return cfg.replace(k_values=f"0..{k_pub}"), (
+        lambda radius: extrapolated_radius(radius, scale, grid))
 
 
 def _try_budget(name: str, budget: ReleaseBudget) -> BudgetedRelease | None:

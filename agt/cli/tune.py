@@ -72,6 +72,10 @@ def add_parser(sub) -> None:
     p.add_argument("--input-norm-bound", type=positive_float, metavar="R",
                    help="declared L2 bound on every record (a public fact about the format): "
                         "adds bound method stability candidates for a linear-head template")
+    p.add_argument("--private-records", type=positive_int, metavar="N",
+                   help="the private training set's size (public: every guarantee is stated "
+                        "for it); sizes the auto k grid for N and extrapolates full-batch "
+                        "candidates' radii from the public training part to N")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
                    help="where candidates train (default cpu)")
     p.add_argument("--out", required=True, type=non_empty, help="the tuned config (.yaml)")
@@ -113,6 +117,7 @@ def run(args) -> int:
     result = tune(public, template, budget, space=space, splits=args.splits,
                   validation_fraction=args.validation_fraction, seed=args.seed,
                   max_k=args.max_k, input_norm_bound=args.input_norm_bound,
+                  private_records=args.private_records,
                   device=args.device, progress=not args.quiet and not args.json)
     text = tuned_config_text(result, args.config, out, args.public)
     atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

@@ -20,6 +20,7 @@ from experiments.public_tuning import budgeted_mechanism
 from experiments.tune import (
     ReleaseBudget,
     auto_k_max,
+    extrapolated_radius,
     grid_spec,
     load_public,
     parse_override,
@@ -241,3 +242,26 @@ def test_a_class_the_public_records_lack_is_kept(files, monkeypatch):
     three = three.__class__("p", three.x_train, np.arange(48) % 3, None, None, 3)
     with pytest.raises(DataError, match="3 classes but the template's model predicts 2"):
         tune(three, wide, ReleaseBudget(10, 5.0), space={}, splits=1)
+
+
+def test_radii_are_extrapolated_to_the_private_size(files, monkeypatch):
+    """Given N, a full-batch candidate trains on a contiguous grid reaching the private
+    grid's largest k / (N / n) and its radii k* become the private grid index of
+    floor(k* N / n); -1 stays -1."""
+    grid = (0, 1, 2, 3, 4, 5, 10, 20)
+    np.testing.assert_array_equal(
+        extrapolated_radius(np.array([-1, 0, 1, 2, 4, 9]), 2.5, grid), [-1, 0, 2, 5, 6, 7])
+    seen = []
+
+    def scores(cfg, data, releases, radius_map=None, **kw):
+        seen.append((tuple(cfg.k_values), radius_map(np.array([-1, 3]))))
+        return {m: 0.5 for m in releases}
+
+    monkeypatch.setattr(tune_module, "release_scores", scores)
+    template = load_config(files / "template.yaml")
+    result = tune(load_public(files / "public.npz"), template, ReleaseBudget(10, 5.0),
+                  space={}, splits=1, private_records=72)       # 36 public training records
+    (k_values, mapped), = seen
+    assert k_values == (0, 1, 2) and list(mapped) == [-1, 3]     # 0..3 / 2, radius 3 -> k 6
+    assert tuple(result.config.k_values) == (0, 1, 2, 3)          # the written grid
+    assert "extrapolated" in result.notes[0]
