@@ -60,7 +60,7 @@ import yaml
 from agt.config import TrainConfig, config_from_dict
 from agt.data import load_dataset
 from agt.data.dataset import Dataset, validate_dataset
-from agt.errors import ConfigError, DataError
+from agt.errors import AGTError, ConfigError, DataError, SoundnessError
 from experiments.accuracy import RELATION
 from experiments.public_tuning import (
     BudgetedRelease,
@@ -480,7 +480,9 @@ def tune(public: Dataset, template: TrainConfig, budget: ReleaseBudget, *,
                     for name, s in scores.items():
                         per_split[name].append(s)
                     bar.update(1)
-            except (ConfigError, DataError) as exc:
+            except AGTError as exc:      # this candidate cannot train here: say why
+                if isinstance(exc, SoundnessError):     # a broken bound is never a row
+                    raise
                 row["error"] = str(exc).splitlines()[0]
                 continue
             row["per_split"] = {n: v for n, v in per_split.items() if None not in v}
