@@ -32,10 +32,19 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import numpy as np
 
+from agt.certify import Certifier
+from agt.config import TrainConfig
 from agt.data.dataset import Dataset, validate_dataset
+from agt.errors import ConfigError, DataError, PrivacyError
+from agt.store import from_result
+from agt.training import train
+from experiments.accuracy import RELATION, expected_accuracy
+from mechanisms import MECHANISMS, Certified, Mechanism, make_mechanism
+from mechanisms.accounting import plan_queries
 
 INK = 0.3          # a prototype pixel is ink with this probability
 NOISE = 0.7        # a record pixel is redrawn uniformly over the range with this probability
@@ -117,3 +126,111 @@ def choose(candidates: list[dict], scores, criterion: str) -> Choice:
         if mean > best_score:
             best, best_score = cand, mean
     return Choice(dict(best), table, criterion)
+
+
+@dataclass(frozen=True)
+class BudgetedRelease:
+    """A mechanism calibrated to a total budget: what each of the B queries (or the session)
+    spends, and the accountant that composes them to the total."""
+
+    mechanism: Mechanism
+    epsilon: float
+    delta: float
+    accountant: str
+
+
+def budgeted_mechanism(name: str, epsilon_total: float, delta_total: float,
+                       queries: int) -> BudgetedRelease:
+    """`name` calibrated so that `queries` releases stay within (epsilon_total, delta_total).
+
+    Per-query mechanisms get the largest per-query (eps, delta) whose B-fold composition
+    fits (`mechanisms.accounting.plan_queries`): standard composition when delta_total = 0,
+    the better of standard and advanced composition ("best") when delta_total > 0; an
+    (eps, delta) mechanism's per-query delta is delta_total / (2 B). A session (one
+    guarantee for all its queries) spends the whole total once.
+
+    Args:
+        name: a registered mechanism.
+        epsilon_total: the total epsilon over the B queries.
+        delta_total: the total delta (0: pure DP).
+        queries: B, the number of queries the budget must cover.
+
+    Returns:
+        The mechanism, its per-query (or session) epsilon and delta, and the accountant
+        (``standard``, ``best`` or ``session``).
+
+    Raises:
+        PrivacyError: the mechanism needs delta > 0 and delta_total is 0, or the budget is
+            invalid.
+        ConfigError: `name` is not registered.
+    """
+    entry = MECHANISMS.get(name)
+    if entry is None:
+        raise ConfigError(f"unknown mechanism {name!r}; choose one of "
+                          f"{', '.join(sorted(MECHANISMS))}")
+    probe = make_mechanism(name, 1.0, 0.5 if entry.needs_delta else None)
+    session = not probe.per_query
+    accountant = "session" if session else ("standard" if delta_total == 0 else "best")
+    eps_q, delta_q = plan_queries(epsilon_total, delta_total, queries, entry.needs_delta,
+                                  "standard" if session or delta_total == 0 else "best",
+                                  session=session)
+    mech = make_mechanism(name, eps_q, delta_q if entry.needs_delta else None)
+    return BudgetedRelease(mech, eps_q, delta_q, accountant)
+
+
+def score_release(mechanism: Mechanism, inputs: Certified, y: np.ndarray) -> float:
+    """The score of a release on labelled validation queries: its exact expected accuracy,
+    mean_i P(release_i = y_i), from the mechanism's own law (`Mechanism.correct_probability`;
+    a refusal counts as wrong). The one place the tuning scores a release: point it at
+    another estimate (a release plan) here.
+
+    Args:
+        mechanism: the calibrated release.
+        inputs: the validation queries' certified predictions and radii.
+        y: their labels.
+
+    Returns:
+        The expected fraction of correct released labels, in [0, 1].
+    """
+    return expected_accuracy(mechanism, inputs, y)
+
+
+def release_scores(config: TrainConfig, data: Dataset, releases: Mapping[str, Mechanism], *,
+                   relation: str = RELATION, device: str = "cpu",
+                   radius_map: Callable[[np.ndarray], np.ndarray] | None = None
+                   ) -> dict[str, float | None]:
+    """Train `config` on the training split of `data` (public records), certify its test
+    split and score every release on it (`score_release`): the candidate scoring shared by
+    the trade-off study's tuning and `agt tune` (experiments/tune.py).
+
+    Args:
+        config: the candidate's training config.
+        data: public records: the training split trains, the labelled test split scores.
+        releases: {label: calibrated mechanism}.
+        relation: the neighbouring relation the release must hold under.
+        device: where to train and certify.
+        radius_map: maps the certified radii before scoring (`experiments.tune` extrapolates
+            them to another training-set size); None scores them as certified.
+
+    Returns:
+        {label: score}, None where the release cannot serve this model (a binary-only
+        mechanism on more classes, radii without a smoothness proof, no guarantee under
+        `relation`).
+    """
+    if data.y_test is None or not data.n_test:
+        raise DataError("scoring needs a labelled validation split (x_test, y_test)")
+    cert = Certifier(from_result(train(config, data)), device=device).certify(data.x_test)
+    inputs = Certified.from_certificate(cert)
+    if radius_map is not None:
+        inputs = Certified(inputs.prediction, np.asarray(radius_map(inputs.radius), np.int64),
+                           inputs.n_classes, inputs.source)
+    out: dict[str, float | None] = {}
+    for label, mech in releases.items():
+        try:
+            mech.check(inputs)
+            mech.guarantee_for(inputs, relation)
+        except (PrivacyError, DataError):
+            out[label] = None
+            continue
+        out[label] = score_release(mech, inputs, data.y_test)
+    return out

@@ -51,13 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
         serve,
         teacher_labels,
         train,
+        tune,
     )
 
     p = argparse.ArgumentParser(prog="agt", description="Abstract Gradient Training: sound "
                                 "parameter bounds and smooth-sensitivity private prediction")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (train, inspect, certify, plan, predict, teacher_labels, reproduce, serve,
-                   keys, audit):
+    for module in (train, tune, inspect, certify, plan, predict, teacher_labels, reproduce,
+                   serve, keys, audit):
         module.add_parser(sub)
     return p
 

@@ -57,11 +57,17 @@ from agt.ensemble import EnsembleCertifier, partition_indices, train_ensemble
 from agt.store import from_result
 from agt.training import train
 from experiments.accuracy import RELATION, simulate
-from experiments.public_tuning import PublicShape, choose, grid, surrogate_like
+from experiments.public_tuning import (
+    PublicShape,
+    budgeted_mechanism,
+    choose,
+    grid,
+    release_scores,
+    surrogate_like,
+)
 from experiments.tradeoffs.methods import SAMPLED_ONLY, family
 from experiments.tradeoffs.settings import TradeoffSettings
 from mechanisms import MECHANISMS, Certified, Source, Votes, make_mechanism
-from mechanisms.accounting import plan_queries
 from mechanisms.convex import LinearModel
 from mechanisms.loss_perturbation import PerturbedObjective
 from mechanisms.votes import aggregate
@@ -274,19 +280,14 @@ class Study:
                 sur.y_test, c, sur.meta))))
         # every (total eps, B) of Figs. 1-2: one point alone is often at chance for every
         # candidate (uninformative), the average over the plan's range is not
-        releases = [make_mechanism("exp-radius", plan_queries(e, 0.0, b, False,
-                                                              "standard")[0], None)
-                    for e in self.s.epsilons for b in self.s.budgets]
+        releases = {(e, b): budgeted_mechanism("exp-radius", e, 0.0, b).mechanism
+                    for e in self.s.epsilons for b in self.s.budgets}
 
         def agt_scores(cand: dict) -> list[float]:
-            out = []
-            for seed, sur in surrogates:
-                cfg = self._agt_config(d, c, {**self.s.agt, **cand}, seed)
-                cert = Certifier(from_result(train(cfg, sur)), device="cpu").certify(sur.x_test)
-                inputs = Certified.from_certificate(cert)
-                out.append(float(np.mean([r.correct_probability(inputs, sur.y_test).mean()
-                                          for r in releases])))
-            return out
+            return [float(np.mean(list(release_scores(
+                        self._agt_config(d, c, {**self.s.agt, **cand}, seed), sur,
+                        releases).values())))
+                    for seed, sur in surrogates]
 
         candidates = grid(self.s.agt_grid) if self.s.agt_grid else []
         if self.s.agt_stability_grid:
@@ -431,18 +432,13 @@ class Study:
             return None
         if name in ("gs", "ss-cauchy", "ss-laplace") and setup.n_classes > 2:
             return None
-        probe = make_mechanism(name, 1.0, 0.5 if entry.needs_delta else None)
-        session = not probe.per_query
-        accountant = "session" if session else ("standard" if delta == 0 else "best")
-        eps_q, delta_q = plan_queries(eps, delta, budget, entry.needs_delta,
-                                      "standard" if session or delta == 0 else "best",
-                                      session=session)
+        planned = budgeted_mechanism(name, eps, delta, budget)
+        mech, eps_q, delta_q, accountant = (planned.mechanism, planned.epsilon, planned.delta,
+                                            planned.accountant)
         if name in RENYI_CALIBRATED:
             accountant = "rdp"
             mech = _renyi_calibrated(name, eps, delta, budget, setup)
             eps_q, delta_q = mech.guarantee(RELATION).epsilon, mech.guarantee(RELATION).delta
-        else:
-            mech = make_mechanism(name, eps_q, delta_q if entry.needs_delta else None)
         per_seed = setup.inputs_for(name)
         exact = name not in SAMPLED_ONLY
         if name.startswith("loss-pert"):
