@@ -83,7 +83,7 @@ def check_fit(train_prediction, y_train) -> list[str]:
     classes = np.unique(pred)
     what = (f"it predicts class {int(classes[0])} for every record" if len(classes) == 1
             else "no better than always predicting the most frequent class")
-    message = (f"training accuracy {accuracy:.3f} is at the majority-class rate "
+    message = (f"training accuracy {accuracy:.3f} is no better than the majority-class rate "
                f"({majority:.3f}): {what}; check the input scale, the learning rate and the "
                f"number of epochs before releasing anything")
     _warn(message)

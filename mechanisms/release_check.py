@@ -150,5 +150,5 @@ def refusal(mechanism: Mechanism, inputs, expectation: Expectation,
     if expectation.answered < min_answered:
         return (f"{mechanism.name} is expected to answer {expectation.answered:.1%} of the "
                 f"{inputs.n_queries} queries, below the minimum {min_answered:.1%} "
-                f"(--min-answered); raise epsilon or use exp-radius")
+                f"(min_answered, --min-answered); raise epsilon or use exp-radius")
     return None
