@@ -432,13 +432,16 @@ class Study:
             return None
         if name in ("gs", "ss-cauchy", "ss-laplace") and setup.n_classes > 2:
             return None
-        planned = budgeted_mechanism(name, eps, delta, budget)
-        mech, eps_q, delta_q, accountant = (planned.mechanism, planned.epsilon, planned.delta,
-                                            planned.accountant)
         if name in RENYI_CALIBRATED:
+            # calibrated on Renyi curves over the whole budget: its per-query (eps, delta)
+            # under best composition can be too small for any sigma, so it is never built
             accountant = "rdp"
             mech = _renyi_calibrated(name, eps, delta, budget, setup)
             eps_q, delta_q = mech.guarantee(RELATION).epsilon, mech.guarantee(RELATION).delta
+        else:
+            planned = budgeted_mechanism(name, eps, delta, budget)
+            mech, eps_q, delta_q, accountant = (planned.mechanism, planned.epsilon,
+                                                planned.delta, planned.accountant)
         per_seed = setup.inputs_for(name)
         exact = name not in SAMPLED_ONLY
         if name.startswith("loss-pert"):
