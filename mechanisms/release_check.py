@@ -118,8 +118,9 @@ def check_release(mechanism: Mechanism, inputs, *, n_k_values: int | None = None
     reason = None if force else refusal(mechanism, inputs, expectation, n_k_values,
                                         min_answered)
     if reason is not None:
-        raise ReleaseRefusedError(f"refused before spending: {reason}; nothing was charged; "
-                                  f"override with --force (library: force=True)")
+        raise ReleaseRefusedError(f"refused before spending (owner-only: the reason depends on "
+                                  f"the radii): {reason}; nothing was charged; override with "
+                                  f"--force (library: force=True)")
     return expectation
 
 

@@ -49,6 +49,7 @@ from agt.errors import BudgetExceededError, DataError, PrivacyError
 from agt.service import owner_page
 from agt.service.keys import KeyRecord, KeyStore, Principal
 from agt.service.server import PredictionService
+from mechanisms.ledger.records import idempotency_key_problem
 
 #: defaults of the request limits
 MAX_BODY_BYTES = 8 << 20
@@ -293,8 +294,12 @@ def create_app(service: PredictionService, keys_path, *,
         except BudgetExceededError as exc:
             remaining = None
             if who is not None:
-                left = await asyncio.wrap_future(service.budget(who))
-                remaining = {"client": left["remaining"], "dataset": left["dataset"]["remaining"]}
+                try:
+                    left = await asyncio.wrap_future(service.budget(who))
+                    remaining = {"client": left["remaining"],
+                                 "dataset": left["dataset"]["remaining"]}
+                except PrivacyError:      # the ledger cannot be read now: refuse without it
+                    remaining = None
             raise Refusal(429, _budget_reason(str(exc)), remaining=remaining) from None
         except DataError as exc:
             raise Refusal(422, str(exc).splitlines()[0]) from None
@@ -321,6 +326,9 @@ def create_app(service: PredictionService, keys_path, *,
     async def predict(request: Request, who: Principal = Depends(client_key)):
         x = await read_queries(request)
         retry = request.headers.get("idempotency-key")
+        if retry is not None and idempotency_key_problem(retry):
+            # refused before certification: a malformed key must not buy free work
+            raise Refusal(422, idempotency_key_problem(retry))
         answered = await wait(service.submit(who, x, idempotency_key=retry), who)
         labels = [None if int(v) < 0 else int(v) for v in answered.labels]
         g = answered.guarantee
@@ -342,13 +350,13 @@ def create_app(service: PredictionService, keys_path, *,
               responses=_refusals(400, 401, 403, 413, 422))
     async def radii(request: Request, _: Principal = Depends(owner_key)):
         x = await read_queries(request)
-        return await wait(service.radii(x))
+        return JSONResponse(await wait(service.radii(x)), headers=owner_page.HEADERS)
 
     @app.get("/v1/owner/ledger", responses=_refusals(401, 403, 422))
     async def ledger(_: Principal = Depends(owner_key),
                      limit: int = Query(100, ge=0, le=100_000,
                                         description="the newest entries, at most this many")):
-        return await wait(service.entries(limit))
+        return JSONResponse(await wait(service.entries(limit)), headers=owner_page.HEADERS)
 
     # -- the owner's page: HTML for a browser, JSON refusals for anything else ---------------
 

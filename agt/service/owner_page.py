@@ -1,13 +1,13 @@
 """The owner's page of the prediction service: plain HTML with server-drawn SVG charts.
 
 `login_page` is the form that posts the owner's key (in the body, never in the URL; the
-service sets no cookie, so nothing of the key stays in the browser). `overview_page` draws
-what `PredictionService.overview` gathers: the mechanism and its guarantee, the dataset's
-composed spend after each charge against its budget, per client its spend and charges (the
-ledger's record) and its answered, cached and refused counts since the process started,
-and a histogram of the stability radii of answered queries. The radii are owner-only
-values: this page is served to the owner's key alone. No script, no external asset: the
-page's Content-Security-Policy forbids both.
+service sets no cookie; a browser's password manager may still offer to keep it).
+`overview_page` draws what `PredictionService.overview` gathers: the mechanism and its
+guarantee, the dataset's composed spend after each charge against its budget, per client
+its spend and charges (the ledger's record) and its answered, cached and refused counts
+since the process started, and a histogram of the stability radii of answered queries. The
+radii are owner-only values: this page is served to the owner's key alone. No script, no
+external asset: the page's Content-Security-Policy forbids both.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def login_page(message: str = "") -> str:
     return _doc("agt: owner's page", (
         "<h1>The owner's page</h1>"
         "<p class=\"muted\">The model owner's view of the privacy ledger. Give the owner's "
-        "API key: it is posted, never put in the address, and nothing is stored in this "
-        "browser.</p>" + error +
+        "API key: it is posted, never put in the address, and the service sets no cookie "
+        "(a browser's password manager may still offer to save it: decline).</p>" + error +
         "<form method=\"post\" action=\"/owner\" autocomplete=\"off\">"
         "<label for=\"key\">Owner key</label> "
         "<input type=\"password\" id=\"key\" name=\"key\" required> "

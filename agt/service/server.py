@@ -352,9 +352,15 @@ class PredictionService:
                 self._settle(task, self._other, task)
                 continue
             try:
-                if dataset_fits is None:
-                    dataset_fits = self._dataset_can_pay()
-                refusal = self._unpayable(task.principal, dataset_fits)
+                if task.idempotency_key is not None and self._ledger.has_idempotent_answer(
+                        task.principal.id, task.idempotency_key):
+                    # a retry of an answered request: the ledger replays what was paid for
+                    # (charging nothing), even once the budget is spent
+                    refusal = None
+                else:
+                    if dataset_fits is None:
+                        dataset_fits = self._dataset_can_pay()
+                    refusal = self._unpayable(task.principal, dataset_fits)
             except Exception as exc:             # the ledger cannot be read: as in _settle
                 refusal = PrivacyError(f"cannot read the privacy ledger ({type(exc).__name__})")
             if refusal is None:

@@ -22,6 +22,7 @@ from mechanisms.ledger.records import (
     IdempotencyError,
     _now,
     _Prepared,
+    idempotency_key_problem,
 )
 from mechanisms.ledger.stores import StoreError
 from mechanisms.noise import REFUSED, make_generator
@@ -155,11 +156,29 @@ class AnsweringDoor:
             check_delta(delta_b, problems, name="budget_delta", allow_zero=True)
             problems.raise_if_any()
         key = request.idempotency_key
-        if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 255
-                                or not key.isprintable() or not key.isascii()):
-            raise IdempotencyError("an idempotency key must be 1 to 255 printable ASCII "
-                                   "characters")
+        if key is not None and idempotency_key_problem(key):
+            raise IdempotencyError(idempotency_key_problem(key))
         return _Prepared(request, guarantee, eps_c, delta_c)
+
+    def has_idempotent_answer(self, client: str, key: str) -> bool:
+        """Whether the client's idempotency key has a recorded answer (a retry of it is
+        answered from the record, charged nothing). Reads only that client's own record.
+
+        Args:
+            client: the client's id.
+            key: its idempotency key.
+
+        Returns:
+            True when an answer is recorded for (client, key); False otherwise, and where
+            the ledger has no idempotency records at all.
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
+        """
+        if not self._db.has_table("idempotency"):
+            return False
+        return self._db.execute("SELECT 1 FROM idempotency WHERE client = ? AND key = ?",
+                                (client, key)).fetchone() is not None
 
     def _answer_idempotent(self, item: _Prepared, rng: np.random.Generator,
                            seeded: bool) -> Answered:

@@ -95,6 +95,21 @@ def default_ledger_path(dataset_sha256: str) -> Path:
     return base / f"{name}.db"
 
 
+def idempotency_key_problem(key) -> str | None:
+    """What is wrong with an idempotency key, or None when it is usable.
+
+    Args:
+        key: the client's retry token (the ``Idempotency-Key`` header).
+
+    Returns:
+        A one-line reason (a key must be 1 to 255 printable ASCII characters), or None.
+    """
+    if not isinstance(key, str) or not 1 <= len(key) <= 255 or not key.isprintable() \
+            or not key.isascii():
+        return "an idempotency key must be 1 to 255 printable ASCII characters"
+    return None
+
+
 @dataclass(frozen=True)
 class Release:
     """What leaves the door: the released labels (REFUSED = -1 where the mechanism gave no

@@ -511,6 +511,65 @@ def test_a_client_that_cannot_pay_is_refused_before_any_certification(world, tmp
         service.close()
 
 
+def test_a_paid_retry_is_replayed_after_the_budget_is_spent(world, tmp_path):
+    """A review's find: the check before certification refused a retry with the same
+    Idempotency-Key once its request had spent the client's whole budget, so the labels paid
+    for could never be had. The retry is replayed (same labels, nothing charged, nothing
+    certified); a new key from the spent client is still refused before certification."""
+    from agt.errors import BudgetExceededError
+    from agt.service.keys import Principal
+    from agt.service.server import PredictionService
+    from agt.store import read_bundle
+    from mechanisms import make_mechanism
+
+    d, _, q = world
+    service = PredictionService(read_bundle(d / "b.h5"), make_mechanism("exp-radius", 1.0),
+                                tmp_path / "l.db", budget_epsilon=100.0)
+    try:
+        deadline = time.monotonic() + 60
+        while not service.ready and time.monotonic() < deadline:
+            time.sleep(0.05)
+        certified = []
+        real = service._certifier.certify
+
+        def spy(x, **kwargs):
+            certified.append(len(x))
+            return real(x, **kwargs)
+
+        service._certifier.certify = spy
+        dora = Principal("dora", "client", 2.0, 0.0)
+        first = service.submit(dora, service.check_queries(q[:2]),
+                               idempotency_key="r-1").result(60)      # all of her budget
+        again = service.submit(dora, service.check_queries(q[:2]),
+                               idempotency_key="r-1").result(60)
+        assert again.labels.tolist() == first.labels.tolist()
+        assert certified == [2, 2] and len(service.entries(100).result(60)) == 2
+        with pytest.raises(BudgetExceededError, match="client dora: its budget cannot pay"):
+            service.submit(dora, service.check_queries(q[:2]),
+                           idempotency_key="r-2").result(60)
+        assert certified == [2, 2]
+    finally:
+        service.close()
+
+
+def test_a_malformed_idempotency_key_is_refused_before_any_work(world, server):
+    """A key the ledger would refuse (too long, not printable ASCII) is a 422 from the
+    front door, before certification, and charges nothing."""
+    import httpx
+
+    _, keys, q = world
+    with Client(server.url, keys["owner"]) as owner:
+        before = len(owner.ledger(limit=100_000))
+    for bad in ("a" * 256, "café".encode("latin-1"), "a\x7fb"):
+        r = httpx.post(server.url + "/v1/predict", json={"queries": q[2000:2003].tolist()},
+                       timeout=60, headers={"authorization": f"Bearer {keys['alice']}",
+                                            "idempotency-key": bad})
+        assert r.status_code == 422, (bad, r.text)
+        assert "idempotency key" in r.json()["detail"]
+    with Client(server.url, keys["owner"]) as owner:
+        assert len(owner.ledger(limit=100_000)) == before
+
+
 def test_under_the_tight_accountant_a_spent_dataset_is_refused_after_one_refusal(
         world, tmp_path):
     """The tight accountant's composition is costly, so the dataset's pre-check asks it at
