@@ -60,12 +60,13 @@ from mechanisms.exact import discrete_gaussian, uniform_below
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Votes
 from mechanisms.rdp import Curve, compose_curves, curve_epsilon, gaussian_curve
-from mechanisms.votes import counts_of, probability_of_labels
+from mechanisms.votes import counts_of
 
 __all__ = ["GaussianNoisyMax", "ConfidentGaussianNoisyMax", "gnmax_curve",
            "MAX_ANALYSIS_SIGMA",
            "calibrate_sigma", "sigmas_for_budget", "difference_tail", "gaussian_tail", "dg_pmf",
-           "gnmax_probabilities", "answer_probabilities", "gnmax_draw", "REFUSED"]
+           "gnmax_probabilities", "gnmax_label_probabilities", "answer_probabilities",
+           "gnmax_draw", "REFUSED"]
 
 _TAIL_WIDTH = 40.0        # pmf support |z| <= ceil(40 sigma) + margin: e^-800 is left out
 _TAIL_SLACK = 1e-9        # relative bracket of the float64 tail sums (they err ~1e-13)
@@ -255,27 +256,72 @@ def gnmax_probabilities(counts: ArrayLike, sigma: float) -> NDArray[np.float64]:
     polynomial's coefficients is its integral over [0, 1], computed exactly by Gauss-Legendre
     (the polynomial has degree C - 1). z runs over |z| <= 12 sigma + 2 (the rest weighs below
     e^-72: an expected accuracy, not a privacy bound, so this truncation is harmless).
+
+    Args:
+        counts: (Q, C) integer vote counts.
+        sigma: the noise standard deviation.
+
+    Returns:
+        (Q, C) release probabilities, clipped to [0, 1].
     """
     n = np.asarray(counts, dtype=np.int64)
     q, c = n.shape
+    labels = np.tile(np.arange(c), q)
+    return gnmax_label_probabilities(np.repeat(n, c, axis=0), sigma, labels).reshape(q, c)
+
+
+def gnmax_label_probabilities(counts: ArrayLike, sigma: float,
+                              labels: ArrayLike) -> NDArray[np.float64]:
+    """P(gnmax releases labels[q]) per query: the entries of `gnmax_probabilities` that an
+    expected accuracy reads, each computed once per distinct (counts, label) pair by the same
+    float operations (so equal to the full table's entries bit for bit).
+
+    Args:
+        counts: (Q, C) integer vote counts.
+        sigma: the noise standard deviation.
+        labels: (Q,) labels; one that is not a class (REFUSED, out of range) gets 0.
+
+    Returns:
+        (Q,) probabilities in [0, 1].
+    """
+    n = np.asarray(counts, dtype=np.int64)
+    y = np.asarray(labels, dtype=np.int64).reshape(-1)
+    q, c = n.shape
+    if len(y) != q:
+        raise ValueError(f"labels: one per query ({q}), got {len(y)}")
+    valid = (y >= 0) & (y < c)
+    out = np.zeros(q)
+    if not valid.any():
+        return out
+    pairs, inverse = np.unique(np.column_stack([n[valid], y[valid]]), axis=0,
+                               return_inverse=True)
     w = int(math.ceil(12 * float(sigma))) + 2
     p = dg_pmf(float(sigma), w)
     cdf = np.concatenate([[0.0], np.cumsum(p)])     # P(Z < k) at index k + w (k = -w..w+1)
+    # k = n_y + z - n_j runs over a window of the tables shifted by n_y - n_j: pad them with
+    # their clipped values (0 and P(Z < w + 1) below and above; 0 outside the pmf's support)
+    # so that each window is a slice
+    pad = int(np.abs(n[valid]).max(initial=0)) + 1
+    cdf_pad = np.concatenate([np.full(pad, cdf[0]), cdf, np.full(pad, cdf[-1])])
+    p_pad = np.concatenate([np.zeros(pad), p, np.zeros(pad)])
     nodes, weights = _gauss_legendre_unit(c)
-    zs = np.arange(-w, w + 1)
-    out = np.zeros((q, c))
-    for i in range(q):
-        row = n[i]
-        v = row[:, None] + zs[None, :]               # (C, Z): y's noisy count
-        # for class j: P(n_j + Z_j < v) and P(n_j + Z_j = v) at every v of every y
-        k = v[None, :, :] - row[:, None, None]       # (C_j, C_y, Z)
-        below = cdf[np.clip(k + w, 0, 2 * w + 1)]
-        equal = np.where(np.abs(k) <= w, p[np.clip(k + w, 0, 2 * w)], 0.0)
-        for y in range(c):
-            others = [j for j in range(c) if j != y]
-            b, e = below[others, y, :], equal[others, y, :]     # (C-1, Z)
-            poly = np.prod(b[None, :, :] + nodes[:, None, None] * e[None, :, :], axis=1)
-            out[i, y] = float(p @ (weights @ poly))
+    t = nodes[:, None]
+    width = 2 * w + 1
+    law = np.empty(len(pairs))
+    for i, pair in enumerate(pairs.tolist()):
+        row, label = pair[:c], pair[c]
+        poly = np.ones((len(nodes), width)) if c == 1 else None
+        for j in range(c):
+            if j == label:
+                continue
+            lo = pad + row[label] - row[j]
+            factor = cdf_pad[lo:lo + width] + t * p_pad[lo:lo + width]
+            if poly is None:
+                poly = factor
+            else:
+                poly *= factor
+        law[i] = float(p @ (weights @ poly))
+    out[valid] = law[inverse.reshape(-1)]
     return np.clip(out, 0.0, 1.0)
 
 
@@ -359,8 +405,8 @@ class GaussianNoisyMax(Mechanism):
         return gnmax_draw(counts_of(inputs.votes, inputs.n_classes), self.sigma, rng)
 
     def _correct(self, inputs: Votes, y):
-        return probability_of_labels(
-            gnmax_probabilities(counts_of(inputs.votes, inputs.n_classes), self.sigma), y)
+        return gnmax_label_probabilities(counts_of(inputs.votes, inputs.n_classes),
+                                         self.sigma, y)
 
 
 @register("confident-gnmax", inputs=Votes, needs_delta=True,
@@ -451,4 +497,4 @@ class ConfidentGaussianNoisyMax(Mechanism):
     def _correct(self, inputs: Votes, y):
         counts = counts_of(inputs.votes, inputs.n_classes)
         ans = answer_probabilities(counts, self.threshold_for(inputs), self.sigma1)
-        return ans * probability_of_labels(gnmax_probabilities(counts, self.sigma2), y)
+        return ans * gnmax_label_probabilities(counts, self.sigma2, y)

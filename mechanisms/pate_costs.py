@@ -203,7 +203,9 @@ def _logq_grid() -> NDArray[np.float64]:
     return grid
 
 
-@lru_cache(maxsize=32)
+# 128 (~1.2 MB each): the PATE table's plan search cycles through ~240 (scale, order) pairs,
+# which an LRU of 32 recomputed three times over
+@lru_cache(maxsize=128)
 def _envelope(kind: str, scale: float, order: float) -> tuple[NDArray[np.float64], float]:
     grid = _logq_grid()
     values = (thm6_bound(grid, scale, order) if kind == "gauss"

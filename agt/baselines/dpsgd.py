@@ -64,6 +64,7 @@ import secrets
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any, Mapping
 
 import numpy as np
@@ -354,6 +355,37 @@ def _accountant_options(dp: DPSGDConfig) -> dict[str, Any]:
     return {"epsilon_tolerance": _relative_tolerance(dp), **_accountant_kwargs(dp)}
 
 
+def _frozen(options: Mapping[str, Any]) -> tuple:
+    """Accountant options as a hashable key (lists become tuples)."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
+
+
+@lru_cache(maxsize=256)
+def _calibrated_noise(mechanism: str, epsilon: float, delta: float, sample_rate: float,
+                      epochs: int, options: tuple) -> float:
+    """Opacus' noise multiplier for (epsilon, delta) after `epochs` at `sample_rate`
+    (``get_noise_multiplier``, the bisection ``make_private_with_epsilon`` runs), memoised:
+    it is a deterministic function of these arguments, and studies that train several seeds
+    or learning rates at one target ask for the same one again.
+
+    Args:
+        mechanism: the accountant's name (``rdp``, ``prv``).
+        epsilon, delta: the add-remove target.
+        sample_rate: Poisson sampling rate (1 / batches per epoch).
+        epochs: epochs of training.
+        options: `_frozen` `_accountant_options`.
+
+    Returns:
+        The noise multiplier.
+    """
+    from opacus.accountants.utils import get_noise_multiplier
+
+    kwargs = {k: list(v) if isinstance(v, tuple) else v for k, v in options}
+    return get_noise_multiplier(target_epsilon=epsilon, target_delta=delta,
+                                sample_rate=sample_rate, epochs=epochs, accountant=mechanism,
+                                **kwargs)
+
+
 def _achieved_epsilon(engine, dp: DPSGDConfig) -> float:
     """``privacy_engine.get_epsilon(delta)`` after training, i.e. the engine's accountant
     over the steps actually taken, asked with the same options as the calibration (the
@@ -506,10 +538,13 @@ def train_dpsgd(model: ModelSpec | TrainConfig, dataset: Dataset, dp_config: DPS
                 "Install a torchcsprng built for this torch, or use secure_mode=False for "
                 "experiments "
                 f"only ({exc})") from None
-        private_head, dp_optimizer, dp_loader = engine.make_private_with_epsilon(
-            module=head, optimizer=optimizer, data_loader=loader,
-            target_epsilon=float(dp_config.target_epsilon),
-            target_delta=float(dp_config.target_delta), epochs=dp_config.epochs,
+        # what Opacus' make_private_with_epsilon does, with the calibration memoised
+        noise = _calibrated_noise(engine.accountant.mechanism(),
+                                  float(dp_config.target_epsilon),
+                                  float(dp_config.target_delta), 1 / len(loader),
+                                  dp_config.epochs, _frozen(_accountant_options(dp_config)))
+        private_head, dp_optimizer, dp_loader = engine.make_private(
+            module=head, optimizer=optimizer, data_loader=loader, noise_multiplier=noise,
             max_grad_norm=float(dp_config.max_grad_norm), poisson_sampling=True,
             noise_generator=noise_gen, clipping="flat", grad_sample_mode="hooks",
             **_accountant_options(dp_config))

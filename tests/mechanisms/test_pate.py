@@ -27,6 +27,7 @@ from mechanisms.pate import (
     dg_pmf,
     difference_tail,
     gaussian_tail,
+    gnmax_label_probabilities,
     gnmax_probabilities,
 )
 from mechanisms.pate_costs import (
@@ -421,6 +422,31 @@ def test_gnmax_probabilities_match_a_brute_force_sum(sigma, n_teachers, n_classe
         assert abs(mp.fsum(ref) - 1) < 1e-25
         for y in range(n_classes):
             assert float(abs(mp.mpf(row[y]) / ref[y] - 1)) < 1e-12, (counts, y, row[y], ref[y])
+
+
+@pytest.mark.parametrize("sigma", [0.7, 9.0, 150.0])
+def test_label_probabilities_are_the_table_entries_bit_for_bit(sigma):
+    """The expected accuracies read one entry per query (`gnmax_label_probabilities`, each
+    distinct (counts, label) computed once): exactly the full table's entries, 0 for a label
+    that is not a class, and through the mechanisms' correct_probability too."""
+    rng = np.random.default_rng(3)
+    votes = np.where(rng.random((40, 16)) < 0.7, rng.integers(0, 5, 40)[:, None],
+                     rng.integers(0, 5, (40, 16)))
+    counts = np.stack([np.bincount(v, minlength=5) for v in votes])
+    counts = np.concatenate([counts, counts[:7]])                  # repeated rows
+    y = rng.integers(0, 5, len(counts))
+    y[:3] = (REFUSED, 5, 99)
+    table = gnmax_probabilities(counts, sigma)
+    got = gnmax_label_probabilities(counts, sigma, y)
+    valid = (y >= 0) & (y < 5)
+    assert np.array_equal(got[valid], table[np.flatnonzero(valid), y[valid]])
+    assert np.all(got[~valid] == 0.0)
+    inputs = Votes(votes.astype(np.int64), None, 5, SOURCE)
+    mech = make_mechanism("gnmax", 1e6, 1e-5, sigma=sigma)
+    assert np.array_equal(mech.correct_probability(inputs, y[:40]),
+                          np.where(valid[:40], got[:40], 0.0))
+    with pytest.raises(ValueError, match="one per query"):
+        gnmax_label_probabilities(counts, sigma, y[:3])
 
 
 def _gnmax_laws(sigma, n_teachers, n_classes):

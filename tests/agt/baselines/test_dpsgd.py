@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -232,6 +233,39 @@ def test_empty_poisson_batches_still_step():
     assert r.steps == 60 and r.test_accuracy is None
     assert all(torch.isfinite(v).all() for v in r.state_dict.values())
     assert r.epsilon <= 8.0 + 1e-9
+
+
+@pytest.mark.slow
+def test_the_memoised_calibration_is_the_one_opacus_picks():
+    """train_dpsgd calibrates through a memo of Opacus' get_noise_multiplier: its noise is
+    the one make_private_with_epsilon picks for the same loader and options, and a second
+    run at the same target reuses it."""
+    from opacus import PrivacyEngine
+
+    from agt.baselines.dpsgd import _accountant_options, _calibrated_noise
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(40, 6))
+    ds = Dataset("tiny", x, (x[:, 0] > 0).astype(np.int64), None, None, 2)
+    accountant = "rdp"        # (prv goes through the same code: its bisection costs 2x)
+    dp = _dp(batch_size=8, epochs=2, accountant=accountant, target_epsilon=3.0,
+             target_delta=1e-3)
+    misses = _calibrated_noise.cache_info().misses
+    first = train_dpsgd(ModelSpec.from_config(LOGISTIC_CE), ds, dp)
+    again = train_dpsgd(ModelSpec.from_config(LOGISTIC_CE), ds, dataclasses.replace(dp, seed=7))
+    assert _calibrated_noise.cache_info().misses == misses + 1      # one calibration
+    assert again.noise_multiplier == first.noise_multiplier
+    head = torch.nn.Linear(6, 2)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.zeros(40, 6), torch.zeros(40, dtype=torch.int64)),
+        batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, opt, _ = PrivacyEngine(accountant=accountant).make_private_with_epsilon(
+            module=head, optimizer=torch.optim.SGD(head.parameters(), lr=0.1),
+            data_loader=loader, target_epsilon=3.0, target_delta=1e-3, epochs=2,
+            max_grad_norm=1.0, **_accountant_options(dp))
+    assert first.noise_multiplier == opt.noise_multiplier
 
 
 # --------------------------------------------------------------------------------------
