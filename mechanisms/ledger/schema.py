@@ -3,8 +3,10 @@ the settings a ledger is created with (checked, stored, compared when it is open
 
 Both backends hold the same tables with the same columns (docs/reference/formats.md):
 ``ledger_meta`` (one row: budget, accountant, relation, dataset), ``releases`` (one row per
-charge, append-only), the answering door's ``spend_totals``, ``client_totals``, ``answers``,
-``sessions`` and ``idempotency``, and an rdp ledger's ``rdp_charges`` and ``data_dependent``.
+charge of `Ledger.release`, append-only), the answering door's ``charge_runs`` (one row per
+request: a run of charges with consecutive ids from the same sequence, append-only),
+``spend_totals``, ``client_totals``, ``answers``, ``sessions`` and ``idempotency``, and an
+rdp ledger's ``rdp_charges`` and ``data_dependent``.
 A PostgreSQL ledger also holds the service's ``api_keys`` (agt.service.keys), so that
 replicas share them. Amounts are IEEE doubles stored as given (SQLite REAL, PostgreSQL
 DOUBLE PRECISION: both binary64, so a charge reads back bit for bit) and counted in
