@@ -14,7 +14,9 @@ accountant (accounting.py). It holds an append-only table of what was charged.
      `timeout` seconds);
   3. the accountant composes every recorded spend with the Q new ones; over (eps_T, delta_T):
      ROLLBACK and BudgetExceededError, nothing recorded, no noise drawn;
-  4. INSERT one row per query and COMMIT (a batch is one transaction);
+  4. INSERT one row per query and COMMIT (a batch is one transaction; the answering door
+     records a request's charges as one row, a run of consecutive charge ids, which
+     `Ledger.entries` lists charge by charge);
   5. only then the mechanism draws the noise, from the operating system's secure source
      unless an `insecure_*` argument (experiments) is given, which every row records.
 

@@ -228,7 +228,10 @@ class AnsweringDoor:
         source = inputs.source
         unbound = self._bind_dataset(source.dataset_sha256)
         ids = list(inputs.query_ids)
-        cached = self._cached_labels(source.source_id, mechanism.name, ids)
+        # each key once per request (SHA-256 of source, mechanism and hash): looked up now,
+        # stored with the new answers
+        keys = {h: _answer_key(source.source_id, mechanism.name, h) for h in dict.fromkeys(ids)}
+        cached = self._cached_labels(keys)
         labels = np.full(len(ids), REFUSED, dtype=np.int64)
         hit = np.zeros(len(ids), dtype=bool)
         first: dict[str, int] = {}
@@ -252,11 +255,12 @@ class AnsweringDoor:
         if item.request.client:
             note += f"; client {item.request.client}"
         if mechanism.per_query:
-            fresh, charges = self._answer_per_query(item, inputs.subset(new), rng, seeded, note)
+            fresh, charges = self._answer_per_query(item, inputs.subset(new), rng, seeded, note,
+                                                    keys)
             sessions_opened, closed = 0, False
         else:
             fresh, charges, sessions_opened, closed = self._answer_session(
-                item, inputs.subset(new), rng, seeded, note)
+                item, inputs.subset(new), rng, seeded, note, keys)
         if unbound:
             db.execute("UPDATE ledger_meta SET dataset_sha256 = ?", (source.dataset_sha256,))
         labels[new] = fresh
@@ -267,15 +271,14 @@ class AnsweringDoor:
         return dataclasses.replace(answered, charges=charges, sessions_opened=sessions_opened,
                                    session_closed=closed)
 
-    def _answer_per_query(self, item, inputs, rng, seeded, note):
+    def _answer_per_query(self, item, inputs, rng, seeded, note, keys):
         hashes = list(inputs.query_ids)
         release_ids = self._record(item, hashes, len(hashes), seeded, note)
         labels = self._draw(item.request.mechanism, inputs, rng)
-        self._store_answers(inputs.source.source_id, item.request.mechanism.name,
-                       hashes, labels, release_ids)
+        self._store_answers(keys, hashes, labels, release_ids)
         return labels, len(hashes)
 
-    def _answer_session(self, item, inputs, rng, seeded, note):
+    def _answer_session(self, item, inputs, rng, seeded, note, keys):
         """Queries of a stability-gated session mechanism, within the client's open session,
         opening (and charging) a new one whenever the last one closed."""
         db, mechanism = self._db, item.request.mechanism
@@ -309,9 +312,8 @@ class AnsweringDoor:
                 raise PrivacyError(f"{mechanism.name}: drawing the labels failed "
                                    f"({type(exc).__name__})") from None
             labels[done:done + answered] = part[:answered]
-            self._store_answers(source_id, mechanism.name,
-                           list(rest.query_ids)[:answered], part[:answered],
-                           [session_id] * answered)
+            self._store_answers(keys, list(rest.query_ids)[:answered], part[:answered],
+                                [session_id] * answered)
             done += answered
             if mechanism.session_closed(state):
                 closed = True
@@ -333,16 +335,17 @@ class AnsweringDoor:
                                f"({type(exc).__name__}); nothing was recorded or released"
                                ) from None
 
-    def _cached_labels(self, source_id: str, mechanism: str,
-                       hashes: Sequence[str]) -> dict[str, int]:
-        keys = {_answer_key(source_id, mechanism, h): h for h in dict.fromkeys(hashes)}
-        return {keys[bytes(k)]: int(label) for k, label in self._db.answers_of(list(keys))}
+    def _cached_labels(self, keys: dict[str, bytes]) -> dict[str, int]:
+        """hash -> label of the answers released before, among `keys` (hash -> key)."""
+        hashes = {k: h for h, k in keys.items()}
+        return {hashes[bytes(k)]: int(label) for k, label in self._db.answers_of(list(hashes))}
 
-    def _store_answers(self, source_id: str, mechanism: str, hashes: Sequence[str],
+    def _store_answers(self, keys: dict[str, bytes], hashes: Sequence[str],
                        labels: ArrayLike, release_ids: Sequence[int]) -> None:
-        self._db.insert_answers([(_answer_key(source_id, mechanism, h), int(label), int(r))
-                                 for h, label, r in zip(hashes, np.asarray(labels),
-                                                        release_ids)])
+        # in key order: each B-tree page of the answers is visited once per request
+        self._db.insert_answers(sorted(
+            (keys[h], int(label), int(r))
+            for h, label, r in zip(hashes, np.asarray(labels).tolist(), release_ids)))
 
     def _store_session(self, client: str, source_id: str, mechanism: str, params: str,
                        session_id: int, state) -> None:

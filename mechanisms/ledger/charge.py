@@ -12,6 +12,7 @@ in between (the proof is in stores.py); a failure anywhere rolls every row back.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Sequence
 
 from agt.errors import BudgetExceededError, PrivacyError
@@ -183,14 +184,21 @@ class ChargePath:
 
     def _record(self, item, hashes: Sequence[str], count: int, seeded: bool,
                 note: str) -> list[int]:
-        """The answering door's charge: `count` rows after the dataset's and the client's
-        budget checks (inside `answer_batch`'s write transaction); returns their ids."""
+        """The answering door's charge: `count` charges, one per hash, after the dataset's
+        and the client's budget checks (inside `answer_batch`'s write transaction), recorded
+        as one ``charge_runs`` row; returns their ids."""
         request = item.request
         eps, delta = float(item.eps_c), float(item.delta_c)
         self._check_budget(eps, delta, count)
         if request.client_budget is not None:
             self._check_client_budget(request.client, request.client_budget, eps, delta,
                                       count)
-        charges = [_Charge(eps, delta, request.mechanism.name, request.inputs.source.source_id,
-                           h, seeded, note) for h in hashes]
-        return self._insert_charges(charges, None, request.client)
+        # one row for the request's charges (a run of consecutive ids): the same charges,
+        # budget checks and totals as one row each, in fewer durable writes
+        if len(hashes) != count:
+            raise PrivacyError("internal: a run's hashes and its count differ")
+        first = self._db.insert_run((int(count), _now(), request.inputs.source.source_id,
+                                     request.mechanism.name, eps, delta, int(seeded), note,
+                                     json.dumps(list(hashes))))
+        self._add_totals(eps, delta, count, request.client)
+        return list(range(first, first + count))

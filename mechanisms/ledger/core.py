@@ -5,6 +5,7 @@ path (charge.py)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from mechanisms.ledger.schema import (
     _RDP_TABLES,
     _SCHEMA,
     _TABLES,
+    MIGRATES_FROM,
     POSTGRES_TABLES,
     _check_given,
     _compare,
@@ -482,15 +484,32 @@ class Ledger(ChargePath, AnsweringDoor):
         """Every recorded charge, oldest first.
 
         Returns:
-            One `LedgerEntry` per row of ``releases``.
+            One `LedgerEntry` per charge: per row of ``releases``, and per charge of a
+            ``charge_runs`` row (the answering door's: the run's i-th query hash with the id
+            ``id + i``), in the order of their ids.
 
         Raises:
             PrivacyError: the ledger's database cannot be read (`StoreError`).
         """
         rows = self._db.execute("SELECT id, time, source_id, query_hash, mechanism, epsilon, "
                                   "delta, seeded, note FROM releases ORDER BY id").fetchall()
-        return [LedgerEntry(int(row[0]), *row[1:5], float(row[5]), float(row[6]), bool(row[7]),
-                            row[8]) for row in rows]
+        out = [LedgerEntry(int(row[0]), *row[1:5], float(row[5]), float(row[6]), bool(row[7]),
+                           row[8]) for row in rows]
+        if self._db.has_table("charge_runs"):
+            runs = self._db.execute("SELECT id, count, time, source_id, mechanism, epsilon, "
+                                    "delta, seeded, note, query_hashes FROM charge_runs "
+                                    "ORDER BY id").fetchall()
+            for first, count, time, source, mech, eps, delta, seeded, note, hashes in runs:
+                hashes = json.loads(hashes)
+                if len(hashes) != int(count):
+                    raise PrivacyError(f"the ledger {self.path} is damaged: a run of {count} "
+                                       f"charges holds {len(hashes)} query hashes")
+                out.extend(LedgerEntry(int(first) + i, time, source, h, mech, float(eps),
+                                       float(delta), bool(seeded), note)
+                           for i, h in enumerate(hashes))
+            if runs:
+                out.sort(key=lambda e: e.id)
+        return out
 
 
 def _open_schema(store, name: str, given: dict) -> dict:
@@ -514,12 +533,14 @@ def _open_schema(store, name: str, given: dict) -> dict:
             store.execute(statement)
     else:
         if "ledger_meta" in tables:
-            _read_meta(store, name)   # another version's tables are refused, not changed
+            row = store.execute("SELECT format_version FROM ledger_meta").fetchone()
+            if row is not None and row[0] != MIGRATES_FROM[store.kind]:
+                _read_meta(store, name)   # another version's tables are refused, not changed
         if tables != POSTGRES_TABLES:
             # (only where something is missing: creating a trigger would wait for, and
             # hold up, the other replicas' write transactions)
             store.create_schema()
-    meta = _read_meta(store, name)
+    meta = _read_meta(store, name, migrate=True)
     if meta is None:
         meta = _create(store, name, given)
     else:

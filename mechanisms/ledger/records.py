@@ -132,7 +132,8 @@ class Release:
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """A recorded charge (a row of the ledger's ``releases`` table)."""
+    """A recorded charge (a row of the ledger's ``releases`` table, or one charge of a
+    ``charge_runs`` row)."""
 
     id: int
     time: str

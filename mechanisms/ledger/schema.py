@@ -3,8 +3,10 @@ the settings a ledger is created with (checked, stored, compared when it is open
 
 Both backends hold the same tables with the same columns (docs/reference/formats.md):
 ``ledger_meta`` (one row: budget, accountant, relation, dataset), ``releases`` (one row per
-charge, append-only), the answering door's ``spend_totals``, ``client_totals``, ``answers``,
-``sessions`` and ``idempotency``, and an rdp ledger's ``rdp_charges`` and ``data_dependent``.
+charge of `Ledger.release`, append-only), the answering door's ``charge_runs`` (one row per
+request: a run of charges with consecutive ids from the same sequence, append-only),
+``spend_totals``, ``client_totals``, ``answers``, ``sessions`` and ``idempotency``, and an
+rdp ledger's ``rdp_charges`` and ``data_dependent``.
 A PostgreSQL ledger also holds the service's ``api_keys`` (agt.service.keys), so that
 replicas share them. Amounts are IEEE doubles stored as given (SQLite REAL, PostgreSQL
 DOUBLE PRECISION: both binary64, so a charge reads back bit for bit) and counted in
@@ -20,17 +22,22 @@ from mechanisms.checks import check_delta, check_epsilon, privacy_problems
 from mechanisms.guarantee import REPLACE_ONE, check_relation
 from mechanisms.ledger.records import _now
 
-#: the SQLite ledger's format
-FORMAT_VERSION = 2
-#: the PostgreSQL ledger's format (its own line of versions)
-POSTGRES_FORMAT_VERSION = 1
+#: the SQLite ledger's format (3: the answering door records a request's charges as one
+#: ``charge_runs`` row)
+FORMAT_VERSION = 3
+#: the PostgreSQL ledger's format (its own line of versions; 2: ``charge_runs``)
+POSTGRES_FORMAT_VERSION = 2
+#: per backend, the format this code migrates to its own on open (the one before: it lacks
+#: only ``charge_runs``, which the migration adds)
+MIGRATES_FROM = {"SQLite": 2, "PostgreSQL": 1}
 _TABLES = {"ledger_meta", "releases", "sqlite_sequence"}
 #: tables the answering door (`Ledger.answer_batch`) adds on first use: running totals of the
 #: charges, all and per client (so a budget check reads a few rows, not every charge; every
 #: insert into `releases` adds to them in its transaction), the released answers (the cache:
 #: asked again, a query gets its released label at no new charge) and the open
 #: stability-gated sessions
-_ANSWER_TABLES = {"spend_totals", "client_totals", "answers", "sessions", "idempotency"}
+_ANSWER_TABLES = {"spend_totals", "client_totals", "answers", "sessions", "idempotency",
+                  "charge_runs"}
 _FIXED_ACCOUNTANTS = ("best", "advanced", "tight")
 #: every accountant a ledger takes: the (eps, delta) ones of accounting.py and "rdp"
 LEDGER_ACCOUNTANTS: tuple[str, ...] = ACCOUNTANTS + ("rdp",)
@@ -97,6 +104,24 @@ _IDEMPOTENCY_TABLE = """CREATE TABLE IF NOT EXISTS idempotency (client TEXT NOT 
     key TEXT NOT NULL, request_sha256 TEXT NOT NULL, answer TEXT NOT NULL, time TEXT NOT NULL,
     PRIMARY KEY (client, key))"""
 
+#: the answering door's charges, one row per request: ``count`` charges of (epsilon,
+#: delta) with the consecutive ids ``id .. id + count - 1`` (shared with ``releases``: one
+#: sequence of charge ids), their query hashes a JSON array in charge order. One row and one
+#: index entry instead of ``count``: the durable writes of a request no longer grow with
+#: its rows' text (`Ledger.entries` expands a run into its charges)
+_CHARGE_RUNS_SQLITE = (
+    """CREATE TABLE IF NOT EXISTS charge_runs (id INTEGER PRIMARY KEY,
+        count INTEGER NOT NULL CHECK (count > 0), time TEXT NOT NULL,
+        source_id TEXT NOT NULL, mechanism TEXT NOT NULL,
+        epsilon REAL NOT NULL CHECK (epsilon > 0),
+        delta REAL NOT NULL CHECK (delta >= 0 AND delta < 1), seeded INTEGER NOT NULL,
+        note TEXT NOT NULL, query_hashes TEXT NOT NULL)""",
+    """CREATE TRIGGER IF NOT EXISTS charge_runs_no_update BEFORE UPDATE ON charge_runs
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS charge_runs_no_delete BEFORE DELETE ON charge_runs
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+)
+
 # One statement each (sqlite3's executescript would COMMIT the open transaction first).
 _ANSWER_SCHEMA = (
     """CREATE TABLE spend_totals (epsilon REAL NOT NULL, delta REAL NOT NULL,
@@ -118,6 +143,7 @@ _ANSWER_SCHEMA = (
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
     """CREATE TRIGGER answers_no_delete BEFORE DELETE ON answers
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    *_CHARGE_RUNS_SQLITE,
 )
 
 
@@ -134,7 +160,7 @@ API_KEYS_TABLE = ("""CREATE TABLE IF NOT EXISTS api_keys (id TEXT PRIMARY KEY,
         created TEXT NOT NULL, revoked BOOLEAN NOT NULL DEFAULT FALSE)""")
 #: the PostgreSQL ledger: every table created at once, on first open. The same columns as
 #: SQLite's; ids of ``releases`` are given by the ledger (consecutive, under the budget lock)
-_PG_APPEND_ONLY = ("releases", "rdp_charges", "data_dependent", "answers")
+_PG_APPEND_ONLY = ("releases", "rdp_charges", "data_dependent", "answers", "charge_runs")
 POSTGRES_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS ledger_meta (
         id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -179,6 +205,12 @@ POSTGRES_SCHEMA = (
         count BIGINT NOT NULL, PRIMARY KEY (client, epsilon, delta))""",
     """CREATE TABLE IF NOT EXISTS answers (key BYTEA PRIMARY KEY, label INTEGER NOT NULL,
         release_id BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS charge_runs (id BIGINT PRIMARY KEY,
+        count INTEGER NOT NULL CHECK (count > 0), time TEXT NOT NULL,
+        source_id TEXT NOT NULL, mechanism TEXT NOT NULL,
+        epsilon DOUBLE PRECISION NOT NULL CHECK (epsilon > 0),
+        delta DOUBLE PRECISION NOT NULL CHECK (delta >= 0 AND delta < 1),
+        seeded INTEGER NOT NULL, note TEXT NOT NULL, query_hashes TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS sessions (client TEXT NOT NULL, source_id TEXT NOT NULL,
         mechanism TEXT NOT NULL, params TEXT NOT NULL, release_id BIGINT NOT NULL,
         rho INTEGER NOT NULL, tops INTEGER NOT NULL,
@@ -193,7 +225,8 @@ POSTGRES_SCHEMA = (
 )
 #: every table of a PostgreSQL ledger (a database holding others is refused)
 POSTGRES_TABLES = {"ledger_meta", "releases", "rdp_charges", "data_dependent", "spend_totals",
-                   "client_totals", "answers", "sessions", "idempotency", "api_keys"}
+                   "client_totals", "answers", "sessions", "idempotency", "api_keys",
+                   "charge_runs"}
 
 
 # -- creation and comparison ---------------------------------------------------------------
@@ -222,13 +255,18 @@ def _check_given(given: dict) -> None:
     problems.raise_if_any()
 
 
-def _read_meta(store, path: str) -> dict | None:
+def _read_meta(store, path: str, migrate: bool = False) -> dict | None:
     cursor = store.execute("SELECT * FROM ledger_meta")
     cols = [d[0] for d in cursor.description]
     row = cursor.fetchone()
     if row is None:
         return None
     meta = dict(zip(cols, row))
+    if migrate and meta.get("format_version") == MIGRATES_FROM[store.kind]:
+        # the one change since: the answering door's runs, a table created beside the old
+        # ones (already created by the caller); the old rows stay as they are
+        store.execute("UPDATE ledger_meta SET format_version = ?", (store.format_version,))
+        meta["format_version"] = store.format_version
     if meta.get("format_version") != store.format_version:
         raise PrivacyError(f"{path} is a ledger of format {meta.get('format_version')!r}; this "
                            f"code reads format {store.format_version} of {store.kind} ledgers "

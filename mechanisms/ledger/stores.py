@@ -40,6 +40,7 @@ from urllib.parse import urlsplit, urlunsplit
 from agt.errors import PrivacyError
 from mechanisms.ledger.schema import (
     _ANSWER_SCHEMA,
+    _CHARGE_RUNS_SQLITE,
     _IDEMPOTENCY_TABLE,
     FORMAT_VERSION,
     POSTGRES_FORMAT_VERSION,
@@ -93,6 +94,7 @@ class SqliteStore:
     def __init__(self, conn: sqlite3.Connection, name: str):
         self.conn = conn
         self.name = name
+        self._answer_tables_current = False
 
     @classmethod
     def connect(cls, path: str, timeout: float) -> "SqliteStore":
@@ -167,8 +169,16 @@ class SqliteStore:
         if not self.has_table("answers"):
             for statement in _ANSWER_SCHEMA:
                 self.execute(statement)
-        elif not self.has_table("idempotency"):        # a ledger answered before it existed
-            self.execute(_IDEMPOTENCY_TABLE)
+        elif not self._answer_tables_current:
+            # a ledger answered before these existed
+            if not self.has_table("idempotency"):
+                self.execute(_IDEMPOTENCY_TABLE)
+            if not self.has_table("charge_runs"):
+                for statement in _CHARGE_RUNS_SQLITE:
+                    self.execute(statement)
+        # (another process may have created them in the meantime: IF NOT EXISTS, and this
+        # flag only saves the lookups once they are known to exist)
+        self._answer_tables_current = True
 
     def insert_releases(self, rows: Sequence[tuple]) -> list[int]:
         """Insert charges (time, source_id, query_hash, mechanism, epsilon, delta, seeded,
@@ -183,6 +193,27 @@ class SqliteStore:
         if end != start + len(rows):
             raise PrivacyError("internal: the ledger's charge ids are not consecutive")
         return list(range(start + 1, end + 1))
+
+    def insert_run(self, row: tuple) -> int:
+        """Insert a run of charges (count, time, source_id, mechanism, epsilon, delta, seeded,
+        note, query_hashes) inside the write transaction; returns its first id. The run
+        takes the next `count` ids of the ``releases`` sequence (AUTOINCREMENT never gives
+        an id at or below the sequence's value again, so releases and runs never share
+        one)."""
+        count = int(row[0])
+        seq = self.execute("SELECT seq FROM sqlite_sequence WHERE name = 'releases'").fetchone()
+        if seq is None:
+            start = 0
+            self.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('releases', ?)",
+                         (count,))
+        else:
+            start = int(seq[0])
+            self.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'releases'",
+                         (start + count,))
+        self.execute("INSERT INTO charge_runs (id, count, time, source_id, mechanism, epsilon, "
+                     "delta, seeded, note, query_hashes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (start + 1, *row))
+        return start + 1
 
     def insert_answers(self, rows: Sequence[tuple]) -> None:
         """Insert released answers (key, label, release_id)."""
@@ -335,12 +366,30 @@ class PostgresStore:
         """Insert charges inside the write transaction (one COPY); returns their ids,
         consecutive after the largest recorded (the budget lock makes this the only
         writer; the primary key would refuse a second)."""
-        start = int(self.execute("SELECT COALESCE(MAX(id), 0) FROM releases").fetchone()[0])
+        start = self._last_id()
         ids = list(range(start + 1, start + 1 + len(rows)))
         self._copy("releases", "id, time, source_id, query_hash, mechanism, epsilon, delta, "
                    "seeded, note", ("int8", "text", "text", "text", "text", "float8", "float8",
                                     "int4", "text"), ((i, *row) for i, row in zip(ids, rows)))
         return ids
+
+    def _last_id(self) -> int:
+        """The largest charge id recorded, of a ``releases`` row or of a run's last charge
+        (inside the write transaction: the budget lock makes this the only writer)."""
+        return int(self.execute(
+            "SELECT GREATEST((SELECT COALESCE(MAX(id), 0) FROM releases), (SELECT "
+            "COALESCE(MAX(id + count - 1), 0) FROM (SELECT id, count FROM charge_runs "
+            "ORDER BY id DESC LIMIT 1) AS last))").fetchone()[0])
+
+    def insert_run(self, row: tuple) -> int:
+        """Insert a run of charges (count, time, source_id, mechanism, epsilon, delta, seeded,
+        note, query_hashes) inside the write transaction; returns its first id, after the
+        largest recorded (the budget lock makes this the only writer)."""
+        start = self._last_id() + 1
+        self.execute("INSERT INTO charge_runs (id, count, time, source_id, mechanism, epsilon, "
+                     "delta, seeded, note, query_hashes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (start, *row))
+        return start
 
     def insert_answers(self, rows: Sequence[tuple]) -> None:
         """Insert released answers (key, label, release_id) in one COPY."""

@@ -203,3 +203,111 @@ def test_a_connection_lost_while_idle_is_opened_again(postgres_url):  # noqa: F8
         time.sleep(0.2)
         ledger.release(gs, certified(1, 2))         # a new connection, nothing lost
         assert ledger.spent().epsilon == 0.5 and len(ledger.entries()) == 2
+
+
+# -- a request's charges as one run ---------------------------------------------------------
+
+def _raw(name: str, sql: str):
+    """Run one statement on the ledger's database outside the Ledger (a test's tampering)."""
+    if name.startswith("postgresql://"):
+        return _execute(name, sql)
+    import sqlite3
+    conn = sqlite3.connect(name, isolation_level=None)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def test_a_request_is_one_run_of_charges_sharing_the_ids_of_releases(name):
+    """The answering door records a request's charges as one append-only row; every charge
+    still has its own id (one sequence with `release`'s rows), its query hash and its answer,
+    and the totals count each charge."""
+    gs, mech = make_mechanism("gs", 0.25), make_mechanism("exp-radius", 0.5)
+    five, one = certified(5, 2), certified(1, 4)
+    with Ledger.open(name, 100.0) as ledger:
+        ledger.release(gs, certified(3, 1))                        # ids 1..3
+        ledger.answer(mech, five, client="a")                      # one run: 4..8
+        ledger.release(gs, certified(2, 3))                        # 9, 10
+        ledger.answer(mech, one, client="a")                       # 11
+        entries = ledger.entries()
+        assert [e.id for e in entries] == list(range(1, 12))
+        assert [e.query_hash for e in entries[3:8]] == list(five.query_ids)
+        assert entries[10].query_hash == one.query_ids[0]
+        assert {(e.epsilon, e.mechanism) for e in entries[3:8]} == {(0.5, "exp-radius")}
+        assert ledger.spent().epsilon == pytest.approx(5 * 0.25 + 6 * 0.5)
+        assert ledger.client_spent("a").epsilon == pytest.approx(3.0)
+    by_id = {e.id: e.query_hash for e in entries}
+    answers = _raw(name, "SELECT release_id FROM answers")
+    assert sorted(by_id[r] for (r,) in answers) == sorted([*five.query_ids, *one.query_ids])
+    assert _raw(name, "SELECT COUNT(*) FROM charge_runs") == [(2,)]
+    for tamper in ("UPDATE charge_runs SET count = 1", "DELETE FROM charge_runs"):
+        with pytest.raises(Exception, match="append-only"):
+            _raw(name, tamper)
+
+
+def test_a_ledger_of_the_previous_format_is_migrated(name):
+    """A ledger of the format before runs (no ``charge_runs``) opens, keeps its charges and
+    answers, and records new requests as runs after its last id."""
+    gs, mech = make_mechanism("gs", 0.25), make_mechanism("exp-radius", 0.5)
+    with Ledger.open(name, 100.0) as ledger:
+        ledger.release(gs, certified(3, 1))
+        with ledger._writing() as db:
+            db.ensure_answer_tables()
+        backend = ledger.backend
+    from mechanisms.ledger.schema import MIGRATES_FROM
+    _raw(name, "DROP TABLE charge_runs")
+    _raw(name, f"UPDATE ledger_meta SET format_version = {MIGRATES_FROM[backend]}")
+    with Ledger.open(name) as ledger:
+        out = ledger.answer(mech, certified(4, 2), client="a")
+        assert out.charges == 4
+        assert [e.id for e in ledger.entries()] == list(range(1, 8))
+        assert ledger.spent().epsilon == pytest.approx(3 * 0.25 + 4 * 0.5)
+        assert ledger.answer(mech, certified(4, 2), client="a").cached.all()
+    assert _raw(name, "SELECT format_version FROM ledger_meta") == [
+        (3 if backend == "SQLite" else 2,)]
+
+
+ANSWERER = """
+import sys
+import numpy as np
+from mechanisms import Certified, Ledger, Source, make_mechanism
+from mechanisms.ledger import AnswerRequest, hash_query
+ledger = Ledger.open(sys.argv[1])
+source = Source("bundle-1", "a" * 64, ("replace-one",), True)
+mech = make_mechanism("exp-radius", 0.01)
+for seed in range(10_000):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(50, 3))
+    hashes = [hash_query(q) for q in x]
+    inputs = Certified(rng.integers(0, 2, size=50), rng.integers(-1, 12, size=50), 2, source,
+                       tuple(hashes))
+    out = ledger.answer_batch([AnswerRequest(mech, inputs, "a")])[0]
+    # a label leaves the process only after answer_batch returned (its commit)
+    print(" ".join(f"{h}:{v}" for h, v in zip(hashes, out.labels)), flush=True)
+"""
+
+
+def test_kill_dash_nine_mid_write_loses_no_returned_label(name):
+    """A process answering requests back to back is killed (SIGKILL) while it writes: every
+    label it returned is recorded with its charge, no answer lacks its charge, and nothing
+    is charged twice."""
+    import signal
+
+    Ledger.open(name, 1e6).close()
+    proc = python(ANSWERER, name)
+    got: dict[str, int] = {}
+    for _ in range(4):                    # a few requests returned, the next one in flight
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        got.update((h, int(v)) for h, v in (p.split(":") for p in line.split()))
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    with Ledger.open(name) as ledger:
+        charges = {e.id: e.query_hash for e in ledger.entries()}
+        assert len(set(charges.values())) == len(charges)             # charged once each
+        assert ledger.spent().epsilon == pytest.approx(0.01 * len(charges))
+    recorded = {charges[r]: label for label, r in
+                _raw(name, "SELECT label, release_id FROM answers")}  # KeyError: no charge
+    assert len(recorded) == len(charges) >= len(got) == 200
+    assert all(recorded[h] == v for h, v in got.items())
