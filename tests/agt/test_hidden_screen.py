@@ -156,3 +156,29 @@ def test_a_screen_with_too_small_an_error_bar_is_caught(monkeypatch):
     monkeypatch.setattr(hidden_screen, "SAFETY", 1e-9)
     broken = c.certify(edge)
     assert not np.array_equal(broken.max_certified_k, reference.max_certified_k)
+
+
+def test_release_inputs_are_unchanged_by_the_screen(monkeypatch):
+    """The library call behind the CLI, the service and teacher labels (`agt.api.certify`,
+    a `Certifier`) goes through the screen and hands a release the same inputs as with the
+    screen switched off."""
+    import mechanisms
+    from agt import api
+    from agt.certify import certifier as certifier_module
+
+    b, x = _bundle_and_queries("one hidden, one logit, float32")
+    calls = []
+    real = hidden_screen.HiddenLayerScreen.decide
+
+    def counting(self, *args):
+        calls.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(hidden_screen.HiddenLayerScreen, "decide", counting)
+    screened = mechanisms.Certified.from_certificate(api.certify(b, x))
+    assert calls
+    monkeypatch.setattr(certifier_module, "_hidden_screen_fits", lambda *a: False)
+    reference = mechanisms.Certified.from_certificate(api.certify(b, x))
+    assert len(calls) == 5 and reference.source == screened.source
+    assert np.array_equal(reference.prediction, screened.prediction)
+    assert np.array_equal(reference.radius, screened.radius)
