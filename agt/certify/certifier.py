@@ -4,8 +4,9 @@
 validated on load, so certification is monotone in k); each step asks one test per query,
 `_certified`, which is the reference (the box test `margin_lower_bound`, or'd with the
 stability ball and the trajectory test where the bundle has them, and'd with the overflow
-test). A screen (agt/certify/margin_screen.py) may answer a step in its place only where it
-is proven to give the reference's answer; `certify_linear` scans every box in order and is
+test). A screen (agt/certify/margin_screen.py for one linear layer,
+agt/certify/hidden_screen.py for hidden layers) may answer a step in its place only where
+it is proven to give the reference's answer; `certify_linear` scans every box in order and is
 the reference the search is tested against.
 """
 

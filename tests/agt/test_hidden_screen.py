@@ -182,3 +182,19 @@ def test_release_inputs_are_unchanged_by_the_screen(monkeypatch):
     assert len(calls) == 5 and reference.source == screened.source
     assert np.array_equal(reference.prediction, screened.prediction)
     assert np.array_equal(reference.radius, screened.radius)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("case", ["ten classes", "frozen prefix"])
+def test_screened_search_on_cuda_decides_as_the_reference_on_cuda(case):
+    """On a GPU the screen's matrix products run in cuBLAS: the screened search still gives
+    the reference's radii on the same device (run by benchmarks/gpu_check.py)."""
+    b, x = _bundle_and_queries(case)
+    c = Certifier(b, device="cuda")
+    assert c.hidden_screen is not None
+    screened = c.certify(x)
+    c._hidden = False
+    reference = c.certify(x)
+    assert np.array_equal(screened.radius, reference.radius)
+    assert np.array_equal(screened.prediction, reference.prediction)
