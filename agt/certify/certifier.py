@@ -39,9 +39,12 @@ _SCREEN_SLOTS = 16            # reference tests per screened step, padded
 _HIDDEN_CHUNK = 1 << 13       # queries per chunk of the hidden-layer screen
 _HIDDEN_ELEMENTS = 1 << 23    # its widest per-query tensors: rows of the first layer's width
 # reference tests per step behind the hidden-layer screen, padded: each costs a query's
-# own pass through its weight box (about 8 ms for 768-100-1), and the screen leaves about
-# one pair in 10^5 to the reference on random queries
-_HIDDEN_SLOTS = 4
+# own pass through its weight box (about 8 ms for 768-100-1, as much as the screen spends
+# on 300 queries), and the screen leaves far fewer than one pair per chunk and step to the
+# reference on random queries
+_HIDDEN_SLOTS = 2
+_PREFIX_CHUNK = 512           # queries per chunk behind a frozen prefix: its feature pass
+                              # holds (queries x patches x positions) float64 tensors
 _U64 = 2.0**-53
 
 
@@ -280,8 +283,8 @@ class Certifier:
             # (inputs, products) and the per-query boxes of the layers after it
             first = self.body.layers[0]
             rest = p - first.in_features * first.out_features
-            return max(1, min(_HIDDEN_CHUNK,
-                              _HIDDEN_ELEMENTS // (first.in_features + 8 * rest + 1)))
+            cap = _PREFIX_CHUNK if self.prefix.layers else _HIDDEN_CHUNK
+            return max(1, min(cap, _HIDDEN_ELEMENTS // (first.in_features + 8 * rest + 1)))
         if self._screen:
             # the screen touches 2 in x C floats per query and step: keep a chunk in cache
             width = max(width, 1 << 6)
