@@ -57,10 +57,9 @@ plus their own rounding. Induction over the layers on a per-unit bound e_out wit
   rows and c = 2 c_1 + c_n + 2 c_{n+2} (+ graded), and min over classes and the sign flip
   of one logit are 1-Lipschitz; the screen's products are rounded too, and their error is
   inside rho.
-* Where the screen gets a bound on a term instead of the term (the first layer's
-  |am| |bm| product in float32 would be one; here: the reference's ar M for an exact input,
-  which is tiny colsum(M) up to underflow), half the bracket's width, times the widening
-  coefficient where it enters through w, is added to e.
+* Where the screen takes a bracket for a term instead of the term (the reference's ar M
+  for an exact input, between 0 and tiny colsum(M) up to underflow; the screen takes 0),
+  the bracket's width times (1 + 2 c) (it enters rad and, through mag, w) is added to e.
 
 Overflow: the argument needs finite intermediates; a pair whose magnitudes exceed 2^1000
 (or give inf/nan anywhere: comparisons with nan are false) is left to the reference.
