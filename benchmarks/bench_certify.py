@@ -119,7 +119,7 @@ def imdb(n_queries: int, repeats: int) -> None:
     ds = imdb_data(300)
     bundle = from_result(train(pipeline_config("imdb", "cpu"), ds))
     certifier = Certifier(bundle)
-    extra = imdb_data(0, seed=1).x_test
+    extra = imdb_data(10, seed=1).x_test
     xq = np.concatenate([ds.x_test, extra] * (1 + n_queries // 20_000))[:n_queries]
     certifier.certify(xq[:10])
     total_t, cert = timed(lambda: certifier.certify(xq), repeats)
