@@ -1,15 +1,22 @@
-"""Certifier throughput: Blobs queries against the k = 0..199 bundle, and an OctMNIST-shaped
-head (frozen conv prefix, dense head 3200-100-1) per stage.
+"""Certifier throughput: Blobs queries against the k = 0..199 bundle, and the two hidden-layer
+heads of the paper's tasks (IMDB 768-100-1, OctMNIST 3200-100-1 behind its conv prefix),
+screened against the reference.
 
     python benchmarks/bench_certify.py [--queries 1000000] [--repeats 3] [--octmnist 2000]
+                                       [--imdb 10000]
 
 Blobs (configs/blobs.yaml, a linear 6-2 model): the screened binary search (the default,
 agt/certify/margin_screen.py) against the same search with the screen switched off and, on 10,000
 queries, the linear scan; all three must give the same radii. OctMNIST head (generated
 28 x 28 images, a random frozen prefix, configs/octmnist.yaml's k grid, a bundle trained on
 300 images: the certifier's cost depends on the model and the grid, not on n): the prefix's
-feature boxes and the box tests of the binary search, timed apart. Every figure is the
-minimum over the repeats with the spread (max - min), all in one run, 2 threads.
+feature boxes and the box tests of the binary search, timed apart; then the whole search
+with the hidden-layer screen (agt/certify/hidden_screen.py) against the same search with
+it switched off. IMDB head (generated 768-d embeddings of imdb_data's shape, configs/
+imdb.yaml's 17 k values, a bundle trained on 300 records): the same comparison. Both
+heads' radii must be identical with and without the screen on every query. Every figure is
+the minimum over the repeats with the spread (max - min), all in one run, 2 threads; the
+reference runs once (it takes minutes).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from agt.config import load_config  # noqa: E402
 from agt.data import blobs_features, load_dataset  # noqa: E402
 from agt.store import from_result  # noqa: E402
 from agt.training import train  # noqa: E402
-from benchmarks._common import octmnist_data, pipeline_config  # noqa: E402
+from benchmarks._common import imdb_data, octmnist_data, pipeline_config  # noqa: E402
 
 
 def timed(fn, repeats: int) -> tuple[list[float], object]:
@@ -88,6 +95,38 @@ def octmnist(n_queries: int, repeats: int) -> None:
     print(f"  prefix feature boxes : {fmt(feat_t, n_queries)}")
     print(f"  box tests (search)   : {fmt(box, n_queries)}")
     print(f"  whole certify        : {fmt(total_t, n_queries)}")
+    screened_against_reference(certifier, xq, total_t, cert, "OctMNIST head")
+
+
+def screened_against_reference(certifier: Certifier, xq, screened_t: list[float], cert,
+                               name: str) -> None:
+    """The same search with the hidden-layer screen switched off, once; radii compared on
+    every query."""
+    assert certifier.hidden_screen is not None, f"{name}: no hidden-layer screen"
+    hidden, certifier._hidden = certifier._hidden, False
+    ref_t, ref = timed(lambda: certifier.certify(xq), 1)
+    certifier._hidden = hidden
+    same = np.array_equal(ref.radius, cert.radius) and np.array_equal(ref.prediction,
+                                                                       cert.prediction)
+    print(f"  reference (screen off): {fmt(ref_t, len(xq))}")
+    print(f"  screened / reference  : {ref_t[0] / min(screened_t):.1f}x faster "
+          f"(spread of the screened runs {max(screened_t) / min(screened_t) - 1:.0%}); "
+          f"radii identical on all {len(xq):,} queries: {same}")
+    assert same, f"{name}: the screen changed a radius"
+
+
+def imdb(n_queries: int, repeats: int) -> None:
+    ds = imdb_data(300)
+    bundle = from_result(train(pipeline_config("imdb", "cpu"), ds))
+    certifier = Certifier(bundle)
+    extra = imdb_data(10, seed=1).x_test
+    xq = np.concatenate([ds.x_test, extra] * (1 + n_queries // 20_000))[:n_queries]
+    certifier.certify(xq[:10])
+    total_t, cert = timed(lambda: certifier.certify(xq), repeats)
+    print(f"IMDB head (768-100-1, {len(bundle.k_values)} k values), {n_queries:,} queries; "
+          f"mean radius {cert.radius.mean():.2f}")
+    print(f"  screened search       : {fmt(total_t, n_queries)}")
+    screened_against_reference(certifier, xq, total_t, cert, "IMDB head")
 
 
 def main() -> None:
@@ -95,9 +134,13 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--octmnist", type=int, default=2_000, help="OctMNIST queries (0: skip)")
+    ap.add_argument("--imdb", type=int, default=10_000, help="IMDB head queries (0: skip)")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    blobs(args.queries, args.repeats)
+    if args.queries:
+        blobs(args.queries, args.repeats)
+    if args.imdb:
+        imdb(args.imdb, args.repeats)
     if args.octmnist:
         octmnist(args.octmnist, args.repeats)
 

@@ -7,14 +7,17 @@
 Stages, each recorded in the JSON as soon as it ends (so a run cut short keeps what it did):
 
 1. device: GPU name, memory, torch, CUDA and cuDNN versions, CPU cores.
-2. tests: the tests marked ``cuda`` (tests/agt/test_cuda.py: CUDA- and CPU-trained bundles
+2. tests: the tests marked ``cuda`` (tests/agt/test_cuda.py and test_hidden_screen.py's
+   screened-vs-reference search on the GPU; tests/agt/test_cuda.py: CUDA- and CPU-trained bundles
    of one config each hold the other's nominal parameters in their k >= 1 boxes; a
    CUDA-trained bundle survives retraining on neighbours, on both devices; strict kernels
    active and restored) and the strict-kernel tests, which then take their CUDA branch.
 3. imdb: the IMDB head (configs/imdb.yaml: MLP 768-100-1, sgdm, 3 full-batch steps,
    float32) on generated data of the paper's size (25,000 x 768 by default), k grid
    {0, 10, 100, 1000}: nominal training and AGT training on CUDA and on the CPU, AGT time
-   per k relative to nominal on the same device, and certifying 5,000 queries.
+   per k relative to nominal on the same device, and certifying 5,000 queries (with the
+   hidden-layer screen; on 300 of them also with it switched off, radii compared; on CUDA
+   the CPU's radii and predictions for the same bundle, as the fraction that agree).
 4. octmnist: the OctMNIST head (configs/octmnist.yaml: a frozen conv prefix, dense head
    3200-100-1, sgdm with Nesterov, 4 full-batch steps) on generated 28 x 28 images (a subset
    of the paper's 97,477 by default, to fit the check's time), k grid {0, 10, 100}: the same
@@ -68,7 +71,9 @@ def run_tests(out_dir: Path) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-         f"--junitxml={report}", "tests/agt/test_cuda.py", "tests/agt/test_strict_kernels.py"],
+         f"--junitxml={report}", "tests/agt/test_cuda.py", "tests/agt/test_strict_kernels.py",
+         "tests/agt/test_hidden_screen.py::"
+         "test_screened_search_on_cuda_decides_as_the_reference_on_cuda"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     summary = {"returncode": proc.returncode, "seconds": round(time.perf_counter() - t0, 1),
                "tail": proc.stdout[-2500:] + proc.stderr[-1000:]}
@@ -86,6 +91,7 @@ def run_tests(out_dir: Path) -> dict:
 
 def time_pipeline(name: str, n: int, device: str, k_values: str, queries: int) -> dict:
     """Nominal and AGT training, and certification, of one pipeline on one device."""
+    import numpy as np
     import torch
 
     from agt.certify import Certifier
@@ -128,6 +134,26 @@ def time_pipeline(name: str, n: int, device: str, k_values: str, queries: int) -
     out["queries_per_s"] = len(xq) / out["certify_s"]
     out["certified_fraction"] = {str(k): round(v, 4) for k, v in
                                  cert.certified_fraction().items()}
+    # the hidden-layer screen against the reference on this device (a few hundred queries:
+    # the reference carries a weight box per query), and the radii of both devices
+    certifier = Certifier(bundle, device=device)
+    few = xq[:min(len(xq), 300)]
+    t0 = time.perf_counter()
+    screened = certifier.certify(few)
+    sync()
+    screened_s = time.perf_counter() - t0
+    certifier._hidden = False
+    t0 = time.perf_counter()
+    reference = certifier.certify(few)
+    sync()
+    out["reference_queries_per_s"] = len(few) / (time.perf_counter() - t0)
+    out["screened_queries_per_s_small"] = len(few) / screened_s
+    out["screened_radii_equal_reference"] = bool(np.array_equal(screened.radius,
+                                                                reference.radius))
+    if device == "cuda":
+        cpu = Certifier(bundle, device="cpu").certify(xq)
+        out["cpu_gpu_same_predictions"] = float((cpu.prediction == cert.prediction).mean())
+        out["cpu_gpu_same_radii"] = float((cpu.radius == cert.radius).mean())
     out["test_accuracy"] = float((cert.prediction == ds.y_test[:queries]).mean())
     return out
 

@@ -24,6 +24,15 @@ Who decides what (every decision, and so every radius, is the reference's):
   margin_screen.py  one trainable linear layer on exact inputs: decides a pair by one small
                     product where its error bar allows, and hands every other pair to the
                     reference test; proven to agree with the reference.
+  hidden_screen.py  trainable linear and ReLU layers with a hidden layer (exact inputs or a
+                    frozen prefix's feature boxes): evaluates the reference's formulas with
+                    the first layer's products shared by all queries of a box, with a
+                    rigorous bound on its distance to the reference's computed bound;
+                    decides a pair where that bound allows and hands every other pair to
+                    the reference test; proven to agree with the reference.
+                    Other models (convolutions in the trainable part, a prefix followed by
+                    a single linear layer, a stability ball, a trajectory bound): the
+                    reference decides every pair.
   certificate.py    `Certificate`: the owner-only result.
 
 A Certificate is owner-only (radii are deterministic functions of the private data); it

@@ -4,8 +4,9 @@
 validated on load, so certification is monotone in k); each step asks one test per query,
 `_certified`, which is the reference (the box test `margin_lower_bound`, or'd with the
 stability ball and the trajectory test where the bundle has them, and'd with the overflow
-test). A screen (agt/certify/margin_screen.py) may answer a step in its place only where it
-is proven to give the reference's answer; `certify_linear` scans every box in order and is
+test). A screen (agt/certify/margin_screen.py for one linear layer,
+agt/certify/hidden_screen.py for hidden layers) may answer a step in its place only where
+it is proven to give the reference's answer; `certify_linear` scans every box in order and is
 the reference the search is tested against.
 """
 
@@ -20,6 +21,7 @@ from agt import interval as iv
 from agt.bounded.layers import rule_for
 from agt.bounded.network import Network
 from agt.certify.certificate import Certificate
+from agt.certify.hidden_screen import HiddenLayerScreen
 from agt.certify.margin_screen import LinearMarginScreen
 from agt.errors import BundleError, DataError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
@@ -34,6 +36,15 @@ _QUERY_ELEMENTS = 1 << 20
 _SCREEN_CHUNK = 1 << 16       # queries per chunk of the screened search
 _SCREEN_ELEMENTS = 1 << 23    # its per-query tensors are small: (2 in, C) columns
 _SCREEN_SLOTS = 16            # reference tests per screened step, padded
+_HIDDEN_CHUNK = 1 << 13       # queries per chunk of the hidden-layer screen
+_HIDDEN_ELEMENTS = 1 << 23    # its widest per-query tensors: rows of the first layer's width
+# reference tests per step behind the hidden-layer screen, padded: each costs a query's
+# own pass through its weight box (about 8 ms for 768-100-1, as much as the screen spends
+# on 300 queries), and the screen leaves far fewer than one pair per chunk and step to the
+# reference on random queries
+_HIDDEN_SLOTS = 2
+_PREFIX_CHUNK = 512           # queries per chunk behind a frozen prefix: its feature pass
+                              # holds (queries x patches x positions) float64 tensors
 _U64 = 2.0**-53
 
 
@@ -110,6 +121,11 @@ class Certifier:
             not self.prefix.layers and not self.body.layers and self.ball is None
             and self.trajectory is None and weight in self.lower
             and LinearMarginScreen.fits(self.lower, weight))
+        #: the hidden-layer screen (agt/certify/hidden_screen.py), built on the first
+        #: search; False where the model has none
+        self._hidden: HiddenLayerScreen | bool = (
+            self._screen is False and self.ball is None and self.trajectory is None
+            and _hidden_screen_fits(self.body, self.lower))
 
     # -- inputs and nominal predictions -----------------------------------------------------
     def _check_queries(self, x) -> torch.Tensor:
@@ -253,7 +269,6 @@ class Certifier:
         Returns:
             (Q,) float64 lower bounds; > 0 certifies the query at that box.
         """
-        Q = pred.shape[0]
         if isinstance(feats, Interval):
             x_box = Interval(feats.lo[0].unsqueeze(1), feats.hi[0].unsqueeze(1))  # (Q, 1, ...)
         else:
@@ -263,9 +278,18 @@ class Certifier:
             gidx = self.body.first + idx
             lp = {s: params[f"{gidx}.{s}"] for s in ("weight", "bias") if f"{gidx}.{s}" in params}
             h, _ = rule_for(layer).forward_bounds(layer, lp, h, fm)
-        h = h.map(lambda t: t[:, 0])                                           # (Q, in)
-        W = params[f"{self.last}.weight"]                                      # (Q, C, in)
-        bias = params.get(f"{self.last}.bias")
+        return self.head_margin(h.map(lambda t: t[:, 0]), pred,
+                                params[f"{self.last}.weight"],
+                                params.get(f"{self.last}.bias"), fm)
+
+    def head_margin(self, h: Interval, pred: torch.Tensor, W: Interval,
+                    bias: Interval | None, fm: FloatModel) -> torch.Tensor:
+        """The last layer's part of `margin_lower_bound`: per query q, the lower bound on
+        the margin of pred[q] from its hidden box h (Q, in) and last-layer box W (Q, C, in),
+        bias (Q, C) or None, by the four-corner products, their sum and the widening for
+        the served rounding of both logits (the hidden-layer screen runs this same code,
+        agt/certify/hidden_screen.py)."""
+        Q = pred.shape[0]
         if self.n_logits == 1:
             z = iv.mul(W[:, 0], h, fm)
             z = iv.sum_intervals(z, -1, fm)
@@ -293,6 +317,13 @@ class Certifier:
     def _query_chunk(self) -> int:
         p = sum(int(self.lower[n][0].numel()) for n in self.trainable)
         width = max(p, self.n_logits * 8)
+        if self._hidden:
+            # per query and step the screen holds a few rows of the first layer's width
+            # (inputs, products) and the per-query boxes of the layers after it
+            first = self.body.layers[0]
+            rest = p - first.in_features * first.out_features
+            cap = _PREFIX_CHUNK if self.prefix.layers else _HIDDEN_CHUNK
+            return max(1, min(cap, _HIDDEN_ELEMENTS // (first.in_features + 8 * rest + 1)))
         if self._screen:
             # the screen touches 2 in x C floats per query and step: keep a chunk in cache
             width = max(width, 1 << 6)
@@ -309,26 +340,50 @@ class Certifier:
                                               self.k_float, self.fm)
         return self._screen or None
 
+    @property
+    def hidden_screen(self) -> HiddenLayerScreen | None:
+        """The hidden-layer screen of this bundle, or None where the model has none."""
+        if self._hidden is True:
+            body = tuple((self.body.first + i, layer)
+                         for i, layer in enumerate(self.body.layers))
+            self._hidden = HiddenLayerScreen(self.lower, self.upper, body, self.last,
+                                             self.k_float, self.fm, self.head_margin)
+        return self._hidden or None
+
     def _screened_test(self, feats, pred: torch.Tensor, x_mag: torch.Tensor):
         """The test `_certified(feats, pred, j, x_mag)` as a function of j, through the
-        linear screen where the model allows one (agt/certify/margin_screen.py): the same decisions,
-        with only the pairs the screen cannot tell sent to the reference. Those go in a
-        fixed number of padded slots per step, so the work per step does not depend on the
-        data unless more than `_SCREEN_SLOTS` pairs of a chunk sit within the screen's error
-        bar of zero (margins within about 1e-11 of their magnitude from zero)."""
-        screen = self.screen
-        if screen is None:
+        linear screen (agt/certify/margin_screen.py) or the hidden-layer screen
+        (agt/certify/hidden_screen.py) where the model allows one: the same decisions, with
+        only the pairs the screen cannot tell sent to the reference. Those go in a fixed
+        number of padded slots per step, so the work per step does not depend on the data
+        unless more than `_SCREEN_SLOTS` pairs of a chunk sit within the screen's error bar
+        of zero (margins within about 1e-11 of their magnitude from zero)."""
+        screen, hidden = self.screen, self.hidden_screen
+        if screen is not None:
+            x_split, norm1 = screen.split(feats)
+
+            def decide(j):
+                return screen.decide(x_split, norm1, pred, j)
+        elif hidden is not None:
+            parts = hidden.prepare(feats)
+
+            def decide(j):
+                return hidden.decide(parts, pred, j)
+        else:
             return lambda j: self._certified(feats, pred, j, x_mag)
-        x_split, norm1 = screen.split(feats)
+
+        n_slots = _SCREEN_SLOTS if screen is not None else _HIDDEN_SLOTS
 
         def test(j: torch.Tensor) -> torch.Tensor:
-            sure, unsure = screen.decide(x_split, norm1, pred, j)
+            sure, unsure = decide(j)
             ok = sure & self._fits_dtype(x_mag, j)
             idx = unsure.nonzero().flatten()
-            slots = max(_SCREEN_SLOTS, -(-idx.numel() // _SCREEN_SLOTS) * _SCREEN_SLOTS)
+            slots = max(n_slots, -(-idx.numel() // n_slots) * n_slots)
             padded = torch.zeros(slots, dtype=idx.dtype, device=idx.device)
             padded[:idx.numel()] = idx
-            ref = self._certified(feats[padded], pred[padded], j[padded], x_mag[padded])
+            rows = (feats.map(lambda t: t[:, padded]) if isinstance(feats, Interval)
+                    else feats[padded])
+            ref = self._certified(rows, pred[padded], j[padded], x_mag[padded])
             ok[idx] = ref[:idx.numel()]
             return ok
 
@@ -413,6 +468,15 @@ class Certifier:
                            self.contiguous, self.spec.n_classes, b.bundle_id,
                            b.protected_dataset_sha256, relations, b.smooth_radii,
                            b.selection)
+
+
+def _hidden_screen_fits(body: Network, lower: dict[str, torch.Tensor]) -> bool:
+    """Whether the hidden-layer screen covers this trainable part: linear and ReLU layers,
+    the first linear, and tables within `HiddenLayerScreen.fits`."""
+    layers = body.layers
+    return (bool(layers) and layers[0].kind == "linear"
+            and all(layer.kind in ("linear", "relu") for layer in layers)
+            and HiddenLayerScreen.fits(lower, body.first))
 
 
 def _query_magnitude(xq: torch.Tensor) -> torch.Tensor:
