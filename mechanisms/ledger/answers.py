@@ -27,10 +27,20 @@ from mechanisms.ledger.records import (
 from mechanisms.ledger.stores import StoreError
 from mechanisms.noise import REFUSED, make_generator
 
+#: what separates the fields of an answer's key: refused inside them (`_prepare_answer`), so
+#: two different (source, mechanism, query) never make one key
+_KEY_SEPARATOR = "|"
 
-def _answer_key(source_id: str, mechanism: str, query_hash: str) -> bytes:
-    """The answers table's key: the first 16 bytes of SHA-256(source | mechanism | hash)."""
-    return hashlib.sha256(f"{source_id}|{mechanism}|{query_hash}".encode()).digest()[:16]
+
+def _answer_key(source_id: str, mechanism: str, query_hash: str, seeded: bool = False
+                ) -> bytes:
+    """The answers table's key: the first 16 bytes of SHA-256(source | mechanism | hash),
+    the mechanism marked ``#seeded`` for answers drawn with seeded test noise, so that such a
+    label (whose noise anyone with the seed can remove) is never served to a request drawn
+    with secure noise, nor the other way round."""
+    name = f"{mechanism}#seeded" if seeded else mechanism
+    return hashlib.sha256(_KEY_SEPARATOR.join((source_id, name, query_hash)).encode()
+                          ).digest()[:16]
 
 
 class AnsweringDoor:
@@ -147,6 +157,11 @@ class AnsweringDoor:
         if ids is None or len(ids) != inputs.n_queries or not all(ids):
             raise PrivacyError("answering needs every query's hash (inputs.query_ids, "
                                "hash_query of its bytes): the answers are kept by it")
+        if "#" in mechanism.name or any(_KEY_SEPARATOR in str(v) for v in
+                                        (inputs.source.source_id, mechanism.name, *ids)):
+            raise PrivacyError(f"source ids, mechanism names and query hashes of the answering "
+                               f"door may not contain {_KEY_SEPARATOR!r} (nor a mechanism name "
+                               f"'#'): they form the answers' keys")
         if not isinstance(request.client, str):
             raise PrivacyError("client must be a string (the key's id)")
         if request.client_budget is not None:
@@ -190,9 +205,10 @@ class AnsweringDoor:
         if request.idempotency_key is None:
             return self._answer_one(item, rng, seeded)
         mechanism, inputs = request.mechanism, request.inputs
-        digest = hashlib.sha256("|".join(
+        # an unambiguous encoding (JSON), not a joined string: ("a|b",) and ("a", "b") differ
+        digest = hashlib.sha256(json.dumps(
             [mechanism.name, repr(mechanism), inputs.source.source_id,
-             *inputs.query_ids]).encode()).hexdigest()
+             list(inputs.query_ids)]).encode()).hexdigest()
         row = self._db.execute("SELECT request_sha256, answer FROM idempotency WHERE "
                                "client = ? AND key = ?",
                                (request.client, request.idempotency_key)).fetchone()
@@ -202,14 +218,22 @@ class AnsweringDoor:
                     "this Idempotency-Key was used before for another request (other queries "
                     "or another mechanism); nothing was charged or released: use a new key "
                     "for a new request")
-            saved = json.loads(row[1])
-            return Answered(np.asarray(saved["labels"], dtype=np.int64), item.guarantee,
-                            mechanism.name, float(saved["charged_epsilon"]),
-                            float(saved["charged_delta"]), bool(saved["seeded"]),
-                            mechanism.per_query, cached=np.asarray(saved["cached"], dtype=bool),
-                            charges=int(saved["charges"]),
-                            sessions_opened=int(saved["sessions_opened"]),
-                            session_closed=bool(saved["session_closed"]))
+            try:
+                saved = json.loads(row[1])
+                replay = Answered(
+                    np.asarray(saved["labels"], dtype=np.int64), item.guarantee,
+                    mechanism.name, float(saved["charged_epsilon"]),
+                    float(saved["charged_delta"]), bool(saved["seeded"]), mechanism.per_query,
+                    cached=np.asarray(saved["cached"], dtype=bool),
+                    charges=int(saved["charges"]), sessions_opened=int(saved["sessions_opened"]),
+                    session_closed=bool(saved["session_closed"]))
+                ok = replay.labels.shape == (inputs.n_queries,) == replay.cached.shape
+            except (ValueError, KeyError, TypeError):
+                ok = False
+            if not ok:            # this request alone is refused, not the batch
+                raise IdempotencyError("the answer recorded for this Idempotency-Key is "
+                                       "damaged; nothing was charged or released: use a new key")
+            return replay
         answered = self._answer_one(item, rng, seeded)
         saved = {"labels": answered.labels.tolist(), "cached": answered.cached.tolist(),
                  "charged_epsilon": answered.charged_epsilon,
@@ -230,7 +254,8 @@ class AnsweringDoor:
         ids = list(inputs.query_ids)
         # each key once per request (SHA-256 of source, mechanism and hash): looked up now,
         # stored with the new answers
-        keys = {h: _answer_key(source.source_id, mechanism.name, h) for h in dict.fromkeys(ids)}
+        keys = {h: _answer_key(source.source_id, mechanism.name, h, seeded)
+                for h in dict.fromkeys(ids)}
         cached = self._cached_labels(keys)
         labels = np.full(len(ids), REFUSED, dtype=np.int64)
         hit = np.zeros(len(ids), dtype=bool)

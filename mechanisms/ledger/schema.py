@@ -103,6 +103,15 @@ _SCHEMA = (
 _IDEMPOTENCY_TABLE = """CREATE TABLE IF NOT EXISTS idempotency (client TEXT NOT NULL,
     key TEXT NOT NULL, request_sha256 TEXT NOT NULL, answer TEXT NOT NULL, time TEXT NOT NULL,
     PRIMARY KEY (client, key))"""
+#: an answer recorded for a retry is never changed or removed (a removed record would make
+#: the retry charge again)
+_IDEMPOTENCY_SQLITE = (
+    _IDEMPOTENCY_TABLE,
+    """CREATE TRIGGER IF NOT EXISTS idempotency_no_update BEFORE UPDATE ON idempotency
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS idempotency_no_delete BEFORE DELETE ON idempotency
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+)
 
 #: the answering door's charges, one row per request: ``count`` charges of (epsilon,
 #: delta) with the consecutive ids ``id .. id + count - 1`` (shared with ``releases``: one
@@ -138,7 +147,7 @@ _ANSWER_SCHEMA = (
         mechanism TEXT NOT NULL, params TEXT NOT NULL, release_id INTEGER NOT NULL,
         rho INTEGER NOT NULL, tops INTEGER NOT NULL,
         PRIMARY KEY (client, source_id, mechanism))""",
-    _IDEMPOTENCY_TABLE,
+    *_IDEMPOTENCY_SQLITE,
     """CREATE TRIGGER answers_no_update BEFORE UPDATE ON answers
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
     """CREATE TRIGGER answers_no_delete BEFORE DELETE ON answers
@@ -160,7 +169,8 @@ API_KEYS_TABLE = ("""CREATE TABLE IF NOT EXISTS api_keys (id TEXT PRIMARY KEY,
         created TEXT NOT NULL, revoked BOOLEAN NOT NULL DEFAULT FALSE)""")
 #: the PostgreSQL ledger: every table created at once, on first open. The same columns as
 #: SQLite's; ids of ``releases`` are given by the ledger (consecutive, under the budget lock)
-_PG_APPEND_ONLY = ("releases", "rdp_charges", "data_dependent", "answers", "charge_runs")
+_PG_APPEND_ONLY = ("releases", "rdp_charges", "data_dependent", "answers", "charge_runs",
+                   "idempotency")
 POSTGRES_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS ledger_meta (
         id INTEGER PRIMARY KEY CHECK (id = 1),

@@ -41,7 +41,7 @@ from agt.errors import PrivacyError
 from mechanisms.ledger.schema import (
     _ANSWER_SCHEMA,
     _CHARGE_RUNS_SQLITE,
-    _IDEMPOTENCY_TABLE,
+    _IDEMPOTENCY_SQLITE,
     FORMAT_VERSION,
     POSTGRES_FORMAT_VERSION,
     POSTGRES_SCHEMA,
@@ -171,8 +171,8 @@ class SqliteStore:
                 self.execute(statement)
         elif not self._answer_tables_current:
             # a ledger answered before these existed
-            if not self.has_table("idempotency"):
-                self.execute(_IDEMPOTENCY_TABLE)
+            for statement in _IDEMPOTENCY_SQLITE:     # (IF NOT EXISTS: the triggers too)
+                self.execute(statement)
             if not self.has_table("charge_runs"):
                 for statement in _CHARGE_RUNS_SQLITE:
                     self.execute(statement)

@@ -229,3 +229,44 @@ def test_a_session_that_cannot_be_paid_refuses_the_whole_request(tmp_path):
         out = ledger.answer(svt, certified(2, 4, radius=0), client="a")
         assert out.sessions_opened == 2 and (out.labels >= 0).all()
     assert rows(db)["charges"] == 2 and rows(db)["answers"] == 2
+
+
+def test_a_seeded_label_is_never_served_to_a_secure_request(tmp_path):
+    """A review's find: the cache did not record whether a label was drawn with seeded test
+    noise (removable by whoever knows the seed), and served it later to a secure request as
+    a free, cached answer. Seeded and secure answers are now kept apart."""
+    inputs = certified(5, 11)
+    mech = make_mechanism("exp-radius", 0.5)
+    with Ledger.open(tmp_path / "l.db", budget_epsilon=100.0) as ledger:
+        seeded = ledger.answer(mech, inputs, insecure_rng=np.random.default_rng(7))
+        assert seeded.seeded and seeded.charges == 5
+        secure = ledger.answer(mech, inputs, client="prod")
+        assert not secure.seeded and not secure.cached.any() and secure.charges == 5
+        again = ledger.answer(mech, inputs, client="prod")           # secure from secure
+        assert again.cached.all() and np.array_equal(again.labels, secure.labels)
+        reseeded = ledger.answer(mech, inputs, insecure_rng=np.random.default_rng(8))
+        assert reseeded.cached.all() and np.array_equal(reseeded.labels, seeded.labels)
+
+
+def test_an_idempotency_key_replays_only_its_own_request(tmp_path):
+    """The same key with other queries (here: the first request's query and one more) is
+    refused, and the answers' key fields cannot run into each other: a separator inside a
+    source id, a query hash or a mechanism name is refused."""
+    from mechanisms.ledger import IdempotencyError
+
+    inputs = certified(2, 12)
+    mech = make_mechanism("exp-radius", 0.5)
+    with Ledger.open(tmp_path / "l.db", budget_epsilon=100.0) as ledger:
+        first = ledger.answer_batch([AnswerRequest(mech, inputs.subset(np.array([0])), "c",
+                                                   idempotency_key="k")])[0]
+        again = ledger.answer_batch([AnswerRequest(mech, inputs.subset(np.array([0])), "c",
+                                                   idempotency_key="k")])[0]
+        assert np.array_equal(first.labels, again.labels) and again.charges == first.charges
+        other = ledger.answer_batch([AnswerRequest(mech, inputs, "c", idempotency_key="k")])[0]
+        assert isinstance(other, IdempotencyError)
+        assert len(ledger.entries()) == 1
+        piped = Certified(inputs.prediction, inputs.radius, 2,
+                          Source("s|gs", "a" * 64, ("replace-one",), True), inputs.query_ids)
+        with pytest.raises(PrivacyError, match="may not contain"):
+            ledger.answer(mech, piped)
+        assert len(ledger.entries()) == 1
