@@ -288,7 +288,18 @@ class Certifier:
         the margin of pred[q] from its hidden box h (Q, in) and last-layer box W (Q, C, in),
         bias (Q, C) or None, by the four-corner products, their sum and the widening for
         the served rounding of both logits (the hidden-layer screen runs this same code,
-        agt/certify/hidden_screen.py)."""
+        agt/certify/hidden_screen.py).
+
+        Args:
+            h: (Q, in) the box of the last layer's input per query.
+            pred: (Q,) the served classes.
+            W: (Q, C, in) the last layer's weight box per query.
+            bias: (Q, C) its bias box, or None.
+            fm: the float model whose rounding the bound accounts for.
+
+        Returns:
+            (Q,) float64 lower bounds on the margin; > 0 certifies the query at that box.
+        """
         Q = pred.shape[0]
         if self.n_logits == 1:
             z = iv.mul(W[:, 0], h, fm)
