@@ -13,19 +13,10 @@ import pytest
 
 from agt.errors import BudgetExceededError, PrivacyError
 from mechanisms import Certified, Ledger, Source, make_mechanism
-from mechanisms.ledger import AnswerRequest, IdempotencyError, hash_query
+from mechanisms.ledger import AnswerRequest, IdempotencyError
+from tests.mechanisms.test_answers import certified
 from tests.mechanisms.test_ledger import SPENDER, python, wait_for
 from tests.postgres import pg_databases, postgres_url  # noqa: F401  (fixtures)
-
-SOURCE = Source("bundle-1", "a" * 64, ("replace-one",), True)
-
-
-def certified(n: int, seed: int, radius=None) -> Certified:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 3))
-    r = rng.integers(-1, 12, size=n) if radius is None else np.full(n, radius)
-    return Certified(rng.integers(0, 2, size=n), r, 2, SOURCE,
-                     tuple(hash_query(q) for q in x))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -481,6 +481,24 @@ def test_an_rdp_ledger_is_refused_when_the_service_starts(world, tmp_path):
 # refusals, the key before the parameters, the schema true to the behaviour, the owner's page
 
 
+def _count_certified(service) -> list[int]:
+    """Wait until the service is warm, then record the size of every certification it runs
+    (a spy on its certifier) in the returned list."""
+    deadline = time.monotonic() + 60
+    while not service.ready and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert service.ready
+    certified: list[int] = []
+    real = service._certifier.certify
+
+    def spy(x, **kwargs):
+        certified.append(len(x))
+        return real(x, **kwargs)
+
+    service._certifier.certify = spy
+    return certified
+
+
 def test_a_client_that_cannot_pay_is_refused_before_any_certification(world, tmp_path):
     """A client whose budget cannot pay for one more query, and any client once the
     dataset's budget cannot, are refused from the totals alone: the certifier is not called
@@ -495,18 +513,7 @@ def test_a_client_that_cannot_pay_is_refused_before_any_certification(world, tmp
     service = PredictionService(read_bundle(d / "b.h5"), make_mechanism("exp-radius", 1.0),
                                 tmp_path / "l.db", budget_epsilon=3.0)
     try:
-        deadline = time.monotonic() + 60
-        while not service.ready and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert service.ready
-        certified = []
-        real = service._certifier.certify
-
-        def spy(x, **kwargs):
-            certified.append(len(x))
-            return real(x, **kwargs)
-
-        service._certifier.certify = spy
+        certified = _count_certified(service)
         dora = Principal("dora", "client", 2.0, 0.0)
         service.submit(dora, service.check_queries(q[:2])).result(60)     # all of her 2
         assert certified == [2]
@@ -537,17 +544,7 @@ def test_a_paid_retry_is_replayed_after_the_budget_is_spent(world, tmp_path):
     service = PredictionService(read_bundle(d / "b.h5"), make_mechanism("exp-radius", 1.0),
                                 tmp_path / "l.db", budget_epsilon=100.0)
     try:
-        deadline = time.monotonic() + 60
-        while not service.ready and time.monotonic() < deadline:
-            time.sleep(0.05)
-        certified = []
-        real = service._certifier.certify
-
-        def spy(x, **kwargs):
-            certified.append(len(x))
-            return real(x, **kwargs)
-
-        service._certifier.certify = spy
+        certified = _count_certified(service)
         dora = Principal("dora", "client", 2.0, 0.0)
         first = service.submit(dora, service.check_queries(q[:2]),
                                idempotency_key="r-1").result(60)      # all of her budget
