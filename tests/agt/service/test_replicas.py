@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,12 @@ pytest.importorskip("psycopg")
 from agt.client import Client, ServiceError  # noqa: E402
 from agt.service.keys import LedgerKeyStore  # noqa: E402
 from mechanisms.ledger import hash_query  # noqa: E402
-from tests.agt.service.test_service import CONFIG, free_port  # noqa: E402
+from tests.agt.service.test_service import (  # noqa: E402
+    CONFIG,
+    free_port,
+    stop_process,
+    wait_until_ready,
+)
 from tests.postgres import Databases  # noqa: E402
 
 BUDGET = 60.0           # exp-radius at epsilon 1 per query: 60 charges at most
@@ -44,22 +48,11 @@ class Replica:
                                      stderr=subprocess.PIPE, text=True)
 
     def wait_ready(self) -> "Replica":
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"agt serve exited: {self.proc.stderr.read()[-2000:]}")
-            try:
-                with Client(self.url) as c:
-                    if c.health():
-                        return self
-            except Exception:
-                time.sleep(0.2)
-        raise RuntimeError("agt serve did not answer in 120 s")
+        wait_until_ready(self.proc, self.url)
+        return self
 
     def stop(self, sig=signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=60)
+        stop_process(self.proc, sig)
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_ready(proc: subprocess.Popen, url: str) -> None:
+    """Poll /healthz of the `agt serve` process `proc` until it is ready (the model answered
+    its warm-up query), at most 120 s; raise with its stderr if it exits first."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"agt serve exited: {proc.stderr.read()[-2000:]}")
+        try:
+            with Client(url) as c:
+                if c.health():
+                    return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("agt serve did not answer in 120 s")
+
+
+def stop_process(proc: subprocess.Popen, sig=signal.SIGTERM) -> None:
+    """Send `sig` to a server process still running and wait for it to end."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+
+
 class Server:
     """An `agt serve` subprocess; ``url`` once /healthz answers."""
 
@@ -60,23 +84,10 @@ class Server:
                "--keys", str(workdir / "keys.json"), "--port", str(self.port), *extra]
         self.proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"agt serve exited: {self.proc.stderr.read()[-2000:]}")
-            try:
-                with Client(self.url) as c:
-                    if c.health():          # ready: the model answered its warm-up query
-                        return
-            except Exception:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("agt serve did not answer in 120 s")
+        wait_until_ready(self.proc, self.url)
 
     def stop(self, sig=signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=60)
+        stop_process(self.proc, sig)
 
 
 @pytest.fixture(scope="module")
