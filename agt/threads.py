@@ -29,7 +29,8 @@ than silently running with another count (which could change the bounds).
 ``agt`` command sets it first thing (`apply_recommended_environment`; a user's setting
 wins), worker processes inherit it (`worker_environment`), and ``import agt`` leaves the
 environment alone. A Python program gets the same settings on its first use of a public
-name of the `agt` facade (``agt.train``, ``agt.Dataset``, ...): `prepare_first_use` sets the
+name of the `agt` facade (``agt.train``, ``agt.Dataset``, ...), or on importing the
+subpackages ``agt.certify`` and ``agt.ensemble`` (agt/_first_use.py): `prepare_first_use` sets the
 variables there when torch is not loaded yet, and warns once (`ThreadingWarning`) when torch
 was imported first and the wait policy is unset, since OpenMP has then already read it.
 

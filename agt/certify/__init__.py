@@ -41,6 +41,7 @@ bounds hold under, whether the radii are smooth), and `mechanisms.Certified.from
 turns it into the inputs of `Ledger.release`, the only way to a released label.
 """
 
+import agt._first_use  # noqa: F401 (threading settings before torch loads)
 from agt.certify.certificate import Certificate
 from agt.certify.certifier import Certifier, check_served_model
 

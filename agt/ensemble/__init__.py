@@ -49,6 +49,7 @@ stability radius (owner-only); vote counting, the ensemble answer and the ensemb
 (AGT Thm 5.3) live in mechanisms/ensemble.py beside their proofs.
 """
 
+import agt._first_use  # noqa: F401 (threading settings before torch loads)
 from agt.ensemble.certify import EnsembleCertificate, EnsembleCertifier
 from agt.ensemble.partition import (
                                     ENSEMBLE_RELATIONS,

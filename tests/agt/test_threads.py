@@ -133,3 +133,26 @@ def test_the_facades_first_use_sets_the_wait_policy_before_torch_loads():
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [None, "PASSIVE", True]
+
+
+@pytest.mark.parametrize("subpackage", ["agt.certify", "agt.ensemble"])
+def test_importing_a_subpackage_first_sets_the_wait_policy_without_a_warning(subpackage):
+    """A program that imports ``agt.certify`` (or ``agt.ensemble``) before any facade name:
+    its modules load torch, so the settings must be made before them, and no warning fires
+    (torch was loaded by agt, after the settings); with torch imported first, one does."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = (f"import os, warnings\nwarnings.simplefilter('error')\nimport {subpackage}\n"
+            f"print(os.environ.get('OMP_WAIT_POLICY'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "PASSIVE"
+    torch_first = subprocess.run(
+        [sys.executable, "-c", f"import torch, warnings\nwarnings.simplefilter('error')\n"
+                               f"torch.set_num_threads(2)\nimport {subpackage}"],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert torch_first.returncode != 0 and "ThreadingWarning" in torch_first.stderr
