@@ -132,3 +132,24 @@ def test_a_budget_that_cannot_pay_is_refused_before_any_release(services):
         audit_services(*_sides(urls, keys, "ok", "poor"), line, samples=1000)
     with Client(urls["oka"], keys["poor"]) as c:
         assert c.budget()["spent"]["epsilon"] == 0.0
+
+
+@pytest.mark.slow
+def test_the_cli_audits_two_services_with_keys_from_files(services, capsys):
+    import json
+
+    from agt.cli.main import main
+
+    urls, keys, line, d = services
+    np.save(d / "q.npy", line)
+    (d / "owner.key").write_text(keys["owner"] + "\n")
+    (d / "client.key").write_text(f"{keys['client']}\n{keys['client']}\n")
+    out = d / "service-audit.json"
+    assert main(["audit", "--service-a", urls["oka"], "--service-b", urls["okb"],
+                 "--queries", str(d / "q.npy"), "--owner-key-file", str(d / "owner.key"),
+                 "--client-key-file", str(d / "client.key"), "--samples", "300",
+                 "--seed", "7", "--confidence", "0.999", "--out", str(out)]) == 0
+    assert "exp-radius: claim holds" in capsys.readouterr().out
+    row = json.loads(out.read_text())
+    assert row["samples"] == 300 and row["extra"]["charged_releases"] == [300, 300]
+    assert keys["owner"] not in out.read_text() and keys["client"] not in out.read_text()
