@@ -10,7 +10,13 @@ Three ways to name the neighbouring inputs:
                              neighbour_radii (an ensemble), and n_classes;
   --config CFG.yaml          a bundle (or an ensemble, --teachers) retrained on the config's
                              data set and on a neighbour made by --relation
-                             (experiments.audit.audit_dataset).
+                             (experiments.audit.audit_dataset);
+  --service-a URL --service-b URL --queries Q.npy
+                             two RUNNING services on two neighbouring bundles, audited
+                             black-box through agt.client (experiments.audit_service): keys
+                             from --owner-key-file / --client-key-file (one key, or two
+                             lines: A's then B's) or AGT_OWNER_KEY / AGT_CLIENT_KEY, never
+                             on the command line; every release it asks for is charged.
 
 OWNER-ONLY: the audit draws thousands of releases from seeded generators and reports
 frequencies of the private inputs' labels; it is a test bench, never a release, and its
@@ -40,6 +46,17 @@ def add_parser(sub) -> None:
     source.add_argument("--inputs", help="npz with the two inputs (see the module docstring)")
     source.add_argument("--config", help="training config: retrain on its data set and on a "
                         "neighbour")
+    source.add_argument("--service-a", help="black-box: the URL of a running service on the "
+                        "first bundle (with --service-b, --queries)")
+    a.add_argument("--service-b", help="black-box: the URL of the service on its neighbour")
+    a.add_argument("--queries", type=non_empty,
+                   help="black-box: .npy of candidate queries (one per row)")
+    a.add_argument("--owner-key-file", type=non_empty,
+                   help="black-box: file with the owner key (or two lines: A's, B's); "
+                        "default $AGT_OWNER_KEY")
+    a.add_argument("--client-key-file", type=non_empty,
+                   help="black-box: file with the client key that pays for the releases (or "
+                        "two lines); default $AGT_CLIENT_KEY")
     a.add_argument("--mechanism", action="append", type=non_empty,
                    help="registry name (repeat with --registry)")
     a.add_argument("--epsilon", type=positive_float, default=1.0,
@@ -93,6 +110,47 @@ def _given_inputs(path: str, relation: str):
             kind(data[keys[2]], data[keys[3]], c, source))
 
 
+def _keys(path: str | None, env: str, what: str) -> tuple[str, str]:
+    """(A's key, B's key) from a file of one or two lines, else the environment variable."""
+    import os
+
+    from agt.errors import ConfigError
+
+    if path is not None:
+        try:
+            lines = [ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()]
+        except OSError as exc:
+            raise ConfigError(f"cannot read {what} key file {path}: {exc.strerror}") from None
+    else:
+        lines = [k for k in os.environ.get(env, "").split(",") if k]
+    if len(lines) not in (1, 2):
+        raise ConfigError(f"give the {what} key in --{what}-key-file (one line, or two: the "
+                          f"first service's, then the second's) or in ${env}")
+    return lines[0], lines[-1]
+
+
+def _audit_services(args):
+    import numpy as np
+
+    from agt.errors import ConfigError
+    from experiments.audit_service import ServiceSide, audit_services
+    from mechanisms import make_mechanism
+
+    if not args.service_b or not args.queries:
+        raise ConfigError("--service-a needs --service-b URL and --queries FILE.npy")
+    owner = _keys(args.owner_key_file, "AGT_OWNER_KEY", "owner")
+    client = _keys(args.client_key_file, "AGT_CLIENT_KEY", "client")
+    claimed = None
+    if args.mechanism:      # the claimed law (default: the services' own name)
+        if len(args.mechanism) != 1:
+            raise ConfigError("name at most one claimed mechanism with --mechanism")
+        claimed = make_mechanism(args.mechanism[0], args.epsilon, args.delta)
+    return audit_services(ServiceSide(args.service_a, owner[0], client[0]),
+                          ServiceSide(args.service_b, owner[1], client[1]),
+                          np.load(args.queries), samples=args.samples, mechanism=claimed,
+                          seed=args.seed, confidence=args.confidence)
+
+
 def run(args) -> int:
     from agt.errors import ConfigError
     from agt.io import atomic_write, check_output
@@ -115,6 +173,15 @@ def run(args) -> int:
             print(r.summary())
         if out is not None:
             atomic_write(out, lambda p: write_sweep(results, p))
+        return 0
+    if args.service_a:
+        result = _audit_services(args)
+        print(result.summary())
+        if out is not None:
+            atomic_write(out, lambda p: p.write_text(json.dumps(result.to_dict(), indent=1)
+                                                     + "\n"))
+        if args.plot:
+            atomic_write(args.plot, lambda p: result.plot(p))
         return 0
     if not args.mechanism or len(args.mechanism) != 1:
         raise ConfigError("name one mechanism with --mechanism")

@@ -34,16 +34,19 @@ from numpy.typing import NDArray
 
 from agt.errors import ConfigError, DataError, Problems
 from mechanisms.audit.stats import (
+    Event,
     clopper_pearson_lower,
     clopper_pearson_upper,
     epsilon_lower_bound,
     exact_loss,
+    law_event,
     select_event,
 )
 from mechanisms.base import REFUSED
 from mechanisms.guarantee import Guarantee
 
-__all__ = ["AuditResult", "audit", "claim_for", "output_law", "query_laws", "outcome_codes"]
+__all__ = ["AuditResult", "audit", "claim_for", "output_law", "query_laws", "outcome_codes",
+           "evaluate_releases"]
 
 #: queries per release call when per-query inputs are repeated (memory stays small)
 BATCH_QUERIES = 200_000
@@ -75,6 +78,9 @@ class AuditResult:
             mechanism states its law (`output_law`), else None.
         seed: the audit's seed.
         extra: what the caller adds (the sweep: the change audited, the predicted bound).
+        selection: how the event was chosen: "half" (on the first half of the samples,
+            the second half evaluates it) or "law" (from the stated exact laws before any
+            draw; every sample evaluates it).
     """
 
     mechanism: str
@@ -97,6 +103,7 @@ class AuditResult:
     exact_loss: float | None = None
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    selection: str = "half"
 
     @property
     def verdict(self) -> str:
@@ -295,7 +302,7 @@ def _validate(mechanism, inputs, neighbour, samples, confidence) -> None:
 def audit(mechanism, inputs, neighbour, *, relation: str | None = None,
           samples: int = 20_000, confidence: float = 0.95, seed: int = 0,
           claim: Guarantee | None = None, exact: bool = True,
-          progress: bool = False) -> AuditResult:
+          event_from_law: bool = False, progress: bool = False) -> AuditResult:
     """Audit `mechanism` on two neighbouring inputs (module docstring; the test is in
     mechanisms/audit/stats.py).
 
@@ -313,6 +320,9 @@ def audit(mechanism, inputs, neighbour, *, relation: str | None = None,
         seed: the audit's seed (its own reproducibility; never a release's).
         claim: the guarantee to test for one release of all queries; default `claim_for`.
         exact: compute the exact label-channel loss where the mechanism states its law.
+        event_from_law: fix the event from the mechanism's stated exact laws before drawing
+            (`stats.law_event`) and evaluate it on every sample, instead of choosing it on
+            half of them: the same confidence, a tighter bound; needs `output_law`.
         progress: show a progress bar.
 
     Returns:
@@ -328,39 +338,83 @@ def audit(mechanism, inputs, neighbour, *, relation: str | None = None,
     if claim is None:
         claim = claim_for(mechanism, inputs, neighbour, relation)
     alpha = 1.0 - confidence
+    c, q = inputs.n_classes, inputs.n_queries
+    planned = None
+    if event_from_law:      # fixed before any draw: the samples never see the choice
+        law_a, law_b = output_law(mechanism, inputs), output_law(mechanism, neighbour)
+        if law_a is None or law_b is None:
+            raise ConfigError(f"{mechanism.name} states no exact output law for these inputs: "
+                              f"leave event_from_law off (the event is then chosen on half "
+                              f"of the samples)")
+        keys = sorted(set(law_a) | set(law_b))
+        chosen = law_event([law_a.get(k, 0.0) for k in keys],
+                           [law_b.get(k, 0.0) for k in keys], int(samples), claim.delta, alpha)
+        planned = ([keys[i] for i in chosen.outcomes], chosen.first)
     seq_a, seq_b = np.random.SeedSequence(int(seed)).spawn(2)
     labels_a = _releases(mechanism, inputs, int(samples), np.random.default_rng(seq_a), progress)
     labels_b = _releases(mechanism, neighbour, int(samples), np.random.default_rng(seq_b),
                          progress)
-    c, q = inputs.n_classes, inputs.n_queries
+    result = evaluate_releases(labels_a, labels_b, c, claim.delta, alpha, planned)
+    loss = _exact(mechanism, inputs, neighbour, claim.delta) if exact else None
+    return AuditResult(
+        mechanism=mechanism.name, relation=relation, claim_epsilon=float(claim.epsilon),
+        claim_delta=float(claim.delta), lower_bound=result["bound"], confidence=confidence,
+        violated=result["bound"] > claim.epsilon, samples=int(samples), n_queries=q,
+        seconds=time.perf_counter() - start, exact_loss=loss, seed=int(seed),
+        **{k: v for k, v in result.items() if k != "bound"})
+
+
+def evaluate_releases(labels_a: NDArray[np.int64], labels_b: NDArray[np.int64],
+                      n_classes: int, delta: float, alpha: float,
+                      planned: tuple[list, bool] | None = None) -> dict:
+    """The test of stats.py on (n, Q) released labels of each side (REFUSED = -1): the event
+    chosen on the first half and evaluated on the second, or, with `planned`, that event
+    (fixed before the releases were drawn) evaluated on all of them.
+
+    Args:
+        labels_a: (n, Q) labels released on the first input.
+        labels_b: (n, Q) labels released on the second.
+        n_classes: the classes C.
+        delta: the claim's delta.
+        alpha: 1 - confidence.
+        planned: (the event's outcome tuples, True when it favours the first side), or None.
+
+    Returns:
+        The AuditResult fields it decides (outcomes, frequencies, event, p_lower, q_upper,
+        selection), and ``bound``: the lower bound on eps.
+    """
+    c, q, samples = n_classes, labels_a.shape[1], len(labels_a)
     codes_a, codes_b = outcome_codes(labels_a, c), outcome_codes(labels_b, c)
-    vocab, index = np.unique(np.concatenate([codes_a, codes_b]), return_inverse=True)
-    idx_a, idx_b = index[:samples], index[samples:]
-    half = samples // 2
+    weights = (c + 1) ** np.arange(q, dtype=np.int64)
+    planned_codes = [] if planned is None else \
+        [int((np.asarray(o) + 1) @ weights) for o in planned[0]]
+    vocab, index = np.unique(np.concatenate([codes_a, codes_b, planned_codes]).astype(np.int64),
+                             return_inverse=True)
+    idx_a, idx_b = index[:samples], index[samples:2 * samples]
     k = len(vocab)
 
     def counts(idx):
         return np.bincount(idx, minlength=k)
 
-    event = select_event(counts(idx_a[:half]), counts(idx_b[:half]), half, claim.delta, alpha)
-    m = samples - half
-    eval_a, eval_b = counts(idx_a[half:]), counts(idx_b[half:])
+    if planned is None:
+        half = samples // 2
+        event = select_event(counts(idx_a[:half]), counts(idx_b[:half]), half, delta, alpha)
+        eval_a, eval_b = counts(idx_a[half:]), counts(idx_b[half:])
+        m, selection = samples - half, "half"
+    else:
+        event = Event(tuple(int(i) for i in np.searchsorted(vocab, planned_codes)), planned[1])
+        eval_a, eval_b = counts(idx_a), counts(idx_b)
+        m, selection = samples, "law"
     in_a, in_b = int(eval_a[list(event.outcomes)].sum()), int(eval_b[list(event.outcomes)].sum())
     k_p, k_q = (in_a, in_b) if event.first else (in_b, in_a)
-    bound = float(epsilon_lower_bound(k_p, k_q, m, claim.delta, alpha))
     outcomes = tuple(_decode(int(v), c, q) for v in vocab)
-    loss = _exact(mechanism, inputs, neighbour, claim.delta) if exact else None
-    return AuditResult(
-        mechanism=mechanism.name, relation=relation, claim_epsilon=float(claim.epsilon),
-        claim_delta=float(claim.delta), lower_bound=bound, confidence=confidence,
-        violated=bound > claim.epsilon, samples=int(samples), n_queries=q,
-        seconds=time.perf_counter() - start, outcomes=outcomes,
+    return dict(
+        bound=float(epsilon_lower_bound(k_p, k_q, m, delta, alpha)), outcomes=outcomes,
         frequencies_a=tuple((counts(idx_a) / samples).tolist()),
         frequencies_b=tuple((counts(idx_b) / samples).tolist()),
         event=tuple(outcomes[i] for i in event.outcomes), event_first=event.first,
         p_lower=float(clopper_pearson_lower(k_p, m, alpha / 2)),
-        q_upper=float(clopper_pearson_upper(k_q, m, alpha / 2)),
-        exact_loss=loss, seed=int(seed))
+        q_upper=float(clopper_pearson_upper(k_q, m, alpha / 2)), selection=selection)
 
 
 # REFUSED is -1: the code shift above relies on it

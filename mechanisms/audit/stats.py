@@ -20,6 +20,11 @@ outcomes whose empirical likelihood ratio is above a cut (the Neyman-Pearson set
 contain the maximiser of (p - delta) / q, see `exact_loss`), both directions, the one with
 the largest bound on the selection half. The evaluation half never influences the choice, so
 the bound above applies to it as to a fixed event.
+
+Where the mechanism states its exact output laws, the event can instead be fixed from those
+laws before any release is drawn (`law_event`): then every sample evaluates it (m = n, not
+n / 2). That choice sees no sample, so the bound holds as for any fixed event whatever the
+laws are; stated laws that are wrong (a bug) only cost power, never confidence.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 __all__ = ["clopper_pearson_lower", "clopper_pearson_upper", "epsilon_lower_bound", "Event",
-           "select_event", "exact_loss"]
+           "select_event", "law_event", "exact_loss"]
 
 
 def clopper_pearson_lower(k: ArrayLike, n: int, alpha: float) -> NDArray[np.float64]:
@@ -138,6 +143,37 @@ def select_event(counts_a: NDArray[np.int64], counts_b: NDArray[np.int64], n: in
     margin = (k_p - np.exp(score) * k_q) / n
     best = max(range(len(events)), key=lambda i: (float(score[i]), float(margin[i])))
     return events[best]
+
+
+def law_event(p: ArrayLike, q: ArrayLike, m: int, delta: float,
+              alpha: float) -> Event:
+    """The event an audit of m releases per side should evaluate, chosen from the exact laws
+    p, q alone (no sample): among the likelihood-ratio sets of both directions, the one whose
+    `epsilon_lower_bound` at the expected counts (m P(S), m Q(S)) is largest.
+
+    Args:
+        p: the first input's output law (a probability vector).
+        q: the second input's, over the same outcomes.
+        m: the releases per side that will evaluate the event.
+        delta: the claim's delta.
+        alpha: 1 - confidence.
+
+    Returns:
+        The event (indices into p's outcomes).
+    """
+    a, b = np.asarray(p, np.float64), np.asarray(q, np.float64)
+    events = []
+    for first, (x, y) in ((True, (a, b)), (False, (b, a))):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(y > 0, x / np.where(y > 0, y, 1.0), np.where(x > 0, np.inf, 0.0))
+        order = np.argsort(-ratio, kind="stable")
+        events += [Event(tuple(int(i) for i in order[:j]), first)
+                   for j in range(1, max(2, len(order)))]
+    in_p = np.array([(a if e.first else b)[list(e.outcomes)].sum() for e in events])
+    in_q = np.array([(b if e.first else a)[list(e.outcomes)].sum() for e in events])
+    score = epsilon_lower_bound(np.minimum(in_p, 1.0) * m, np.minimum(in_q, 1.0) * m, m,
+                                delta, alpha)
+    return events[int(np.argmax(score))]
 
 
 def exact_loss(p: ArrayLike, q: ArrayLike, delta: float) -> float:
