@@ -276,6 +276,32 @@ class Ledger(ChargePath, AnsweringDoor):
         groups = self._recorded_groups() + [(float(epsilon), float(delta), int(n_queries))]
         return self._compose(groups).fits(self.budget_epsilon, self.budget_delta)
 
+    def has_open_session(self, client: str, source_id: str, mechanism: Mechanism) -> bool:
+        """Whether the client has a session of this stability-gated mechanism open: the
+        answering door would continue it (at no charge) before it charges a new one. Reads
+        only the client's own session row.
+
+        Args:
+            client: the client's id.
+            source_id: the source (bundle or ensemble) the session answers from.
+            mechanism: the session mechanism (its parameters must be the session's).
+
+        Returns:
+            True when a session with these parameters is recorded and has not reached its
+            cutoff; False otherwise (none, another parameters' session, a closed one, or a
+            per-query mechanism).
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
+        """
+        if mechanism.per_query or not self._db.has_table("sessions"):
+            return False
+        row = self._db.execute("SELECT params, rho, tops FROM sessions WHERE client = ? AND "
+                               "source_id = ? AND mechanism = ?",
+                               (client, source_id, mechanism.name)).fetchone()
+        return row is not None and row[0] == repr(mechanism) and \
+            mechanism.session_state(int(row[1]), int(row[2])) is not None
+
     def charge_for(self, guarantee: Guarantee) -> tuple[float, float]:
         """The (eps, delta) charged per query for a release with `guarantee`.
 
