@@ -197,7 +197,7 @@ class ChargePath:
         Raises:
             PrivacyError: the ledger's database cannot be read (`StoreError`).
         """
-        recorded = self._client_groups(client) if self._db.has_table("client_totals") else []
+        recorded = self._client_groups(client) if self._table_exists("client_totals") else []
         return self._client_total(recorded, budget[1], epsilon, delta, n_charges).fits(
             float(budget[0]), float(budget[1]))
 

@@ -60,6 +60,8 @@ class Ledger(ChargePath, AnsweringDoor):
             None if meta["per_query_epsilon"] is None
             else (meta["per_query_epsilon"], meta["per_query_delta"]))
         self._dataset: str | None = meta["dataset_sha256"]
+        #: tables seen to exist outside a transaction (`_table_exists`)
+        self._tables_seen: set[str] = set()
 
     @property
     def _conn(self):
@@ -193,7 +195,18 @@ class Ledger(ChargePath, AnsweringDoor):
         return [(float(e), float(d), int(c)) for e, d, c in rows]
 
     def _has_totals(self) -> bool:
-        return self._db.has_table("spend_totals")
+        return self._table_exists("spend_totals")
+
+    def _table_exists(self, name: str) -> bool:
+        """Whether the table exists, remembered once it was seen outside a transaction: the
+        ledger's tables are only ever added (a table created inside a transaction that may
+        still roll back is asked again), so the reads of every request need not ask."""
+        if name in self._tables_seen:
+            return True
+        found = self._db.has_table(name)
+        if found and not getattr(self._db.conn, "in_transaction", True):
+            self._tables_seen.add(name)
+        return found
 
     def _compose(self, groups: Sequence[SpendGroup]) -> Composition:
         merged: dict[tuple[float, float], int] = {}
@@ -294,7 +307,7 @@ class Ledger(ChargePath, AnsweringDoor):
         Raises:
             PrivacyError: the ledger's database cannot be read (`StoreError`).
         """
-        if mechanism.per_query or not self._db.has_table("sessions"):
+        if mechanism.per_query or not self._table_exists("sessions"):
             return False
         row = self._db.execute("SELECT params, rho, tops FROM sessions WHERE client = ? AND "
                                "source_id = ? AND mechanism = ?",
