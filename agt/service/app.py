@@ -42,6 +42,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -199,6 +200,16 @@ def create_app(service: PredictionService, keys_path, *,
         A FastAPI application (run it with uvicorn).
     """
     keys = keys_path if hasattr(keys_path, "authenticate") else _Keys(keys_path)
+    # a keys file is checked on the event loop (a stat and one hash per stored key: cheaper
+    # than handing each request to a worker thread and back); a key store that asks a
+    # database (a PostgreSQL ledger's keys) is asked from the thread pool, so that a slow
+    # database never stalls the other requests
+    keys_block = not isinstance(keys, _Keys)
+
+    async def authenticate(key: str | None) -> Principal | None:
+        if keys_block:
+            return await run_in_threadpool(keys.authenticate, key)
+        return keys.authenticate(key)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -240,22 +251,23 @@ def create_app(service: PredictionService, keys_path, *,
         return JSONResponse({"detail": "internal error; nothing was released"},
                             status_code=500)
 
-    def principal_of(request, role: str | None = None) -> Principal:
+    async def principal_of(request, role: str | None = None) -> Principal:
         header = request.headers.get("authorization", "")
         key = header[7:].strip() if header.lower().startswith("bearer ") else None
-        who = keys.authenticate(key)
+        who = await authenticate(key)
         if who is None:
             raise Refusal(401, "a valid API key is needed (header Authorization: Bearer KEY)")
         if role == "owner" and who.role != "owner":
             raise Refusal(403, "this endpoint needs the owner's key")
         return who
 
-    # dependencies run before FastAPI validates the query parameters: the key comes first
-    def client_key(request: Request, _=Depends(bearer)) -> Principal:
-        return principal_of(request)
+    # dependencies run before FastAPI validates the query parameters: the key comes first;
+    # (coroutines: FastAPI runs a plain function dependency in its thread pool)
+    async def client_key(request: Request, _=Depends(bearer)) -> Principal:
+        return await principal_of(request)
 
-    def owner_key(request: Request, _=Depends(bearer)) -> Principal:
-        return principal_of(request, "owner")
+    async def owner_key(request: Request, _=Depends(bearer)) -> Principal:
+        return await principal_of(request, "owner")
 
     async def read_queries(request) -> object:
         size = request.headers.get("content-length")
@@ -367,15 +379,19 @@ def create_app(service: PredictionService, keys_path, *,
         return JSONResponse({"detail": detail}, status_code=status, headers=owner_page.HEADERS)
 
     async def owner_view(request, key: str | None):
-        who = keys.authenticate(key)
+        who = await authenticate(key)
         if who is None:
             return owner_refusal(request, 401, "that is not a valid key")
         if who.role != "owner":
             return owner_refusal(request, 403, "this page needs the owner's key")
+        # (the keys file's `records()` is a method; a ledger's key store's `records` a
+        # property that reads the database)
+        records = keys.records() if isinstance(keys, _Keys) else \
+            await run_in_threadpool(lambda: list(keys.records))
         clients = [{"id": r.id, "name": r.name, "role": r.role,
                     "budget": None if r.budget_epsilon is None else
                     {"epsilon": r.budget_epsilon, "delta": r.budget_delta}}
-                   for r in keys.records() if not r.revoked]
+                   for r in records if not r.revoked]
         data = await wait(service.overview(clients))
         return HTMLResponse(owner_page.overview_page(data), headers=owner_page.HEADERS)
 

@@ -11,10 +11,12 @@ transaction committed (`Ledger.answer_batch`).
 
 Two things happen before any certification. At start, the worker certifies one all-zero
 query (released to no one) so that the first request does not pay for loading the model
-(`ready` turns true after it). Per request of a per-query mechanism, a client whose budget
-(or the dataset's) cannot pay for one more query is refused from the running totals alone
-(`_unpayable`): it costs the server no certification, and the refusal depends only on what
-that client's own charges and the dataset's total are, never on its queries.
+(`ready` turns true after it). Per request, a client whose budget (or the dataset's) cannot
+pay for one more charge -- one more query of a per-query mechanism; a new session of a
+stability-gated one, where the client has no session open -- is refused from the ledger's
+records alone (`_unpayable`), under every accountant: it costs the server no certification,
+and the refusal depends only on that client's own charges, its open session and the
+dataset's total, never on its queries.
 """
 
 from __future__ import annotations
@@ -37,12 +39,6 @@ from agt.service.keys import Principal
 BATCH_QUERIES = 4096
 #: seconds the worker waits for more requests to join a batch
 BATCH_WAIT = 0.002
-#: relative slack of the pre-certification budget check: it refuses only a client whose
-#: composed spend plus one charge is over its budget by more than the totals' rounding (the
-#: ledger's own check, exact and atomic, decides every other case)
-_PRECHECK_SLACK = 1e-9
-
-
 #: the most points of the owner's spend-over-time curve (each one is a composition)
 CURVE_POINTS = 48
 
@@ -128,6 +124,12 @@ class PredictionService:
         self.started = time.time()
         #: the dataset's budget cannot pay for one more query: True, False, None (ask)
         self._dataset_spent: bool | None = None
+        #: (client, its budget, the charge) whose budget cannot pay for one more charge: a
+        #: verdict that holds for good (`_unpayable`)
+        self._spent_clients: set[tuple[str, tuple[float, float], tuple[float, float]]] = set()
+        #: the source's id (sessions are kept per client, source and mechanism), known once
+        #: the model certified a query
+        self._source_id: str | None = None
         self._failed: BaseException | None = None
         self._worker = threading.Thread(target=self._run, name="agt-serve-ledger", daemon=True)
         self._worker.start()
@@ -282,19 +284,18 @@ class PredictionService:
         """Certify one all-zero query (its result is dropped) so that the model's first use
         (loading, compiling) is paid before the service says it is ready."""
         try:
-            self._inputs_for(np.zeros((1, *self.input_shape)), radii=self.mechanism.uses_radii)
+            inputs, _ = self._inputs_for(np.zeros((1, *self.input_shape)),
+                                         radii=self.mechanism.uses_radii)
+            self._source_id = inputs.source.source_id
         except Exception:   # noqa: BLE001 - a first request will meet (and report) the same
             pass
         finally:
             self._warm.set()
 
     def _charge_per_query(self, ledger) -> tuple[float, float] | None:
-        """The (eps, delta) the ledger charges per new query of this per-query mechanism
-        (`Ledger.charge_for`), or None where the pre-certification check does not apply: a
-        session mechanism (a client's open session answers at no charge, and whether one is
-        open is the ledger's to say) or a guarantee the ledger would refuse anyway."""
-        if not self.mechanism.per_query:
-            return None
+        """The (eps, delta) the ledger charges per new query of a per-query mechanism, or per
+        new session of a stability-gated one (`Ledger.charge_for`), or None where the
+        guarantee is one the ledger refuses anyway (no pre-certification check then)."""
         try:
             return ledger.charge_for(self.guarantee)
         except AGTError:
@@ -314,36 +315,55 @@ class PredictionService:
         return not self._dataset_spent
 
     def _unpayable(self, principal: Principal, dataset_fits: bool) -> BudgetExceededError | None:
-        """The refusal of a client that cannot pay for one more query, decided before any
-        certification from the ledger's running totals (or None: let the ledger decide).
+        """The refusal of a client that cannot pay for one more charge, decided before any
+        certification from the ledger's records (or None: let the ledger decide).
+
+        What would be charged: one more query of a per-query mechanism (a request of n new
+        queries costs n such charges; if one does not fit, n do not: every accountant's total
+        grows with the charges). For a stability-gated session mechanism, nothing while the
+        client has a session open (`Ledger.has_open_session`: the answering door continues it
+        at no charge), else one session's charge. Queries answered before (the answers cache)
+        cost nothing, but a client refused here cannot pay for any new one.
 
         The dataset: `Ledger.fits` (one more charge composed with every recorded one, the
-        ledger's own accountant: exact). The client's own budget under the standard
-        accountant: its composed spend s (`Ledger.client_spent`, rounded up) plus one charge
-        c is over its budget B when s + c > B (1 + 1e-9): the slack absorbs the rounding, so
-        no client that could pay is refused here. Under the best, advanced and tight
-        accountants only a charge larger than the whole budget is caught here (their totals
-        are not additive); the ledger refuses the rest after certification.
+        ledger's own accountant). The client: `Ledger.client_fits`, the charge path's own
+        composition and comparison (`ChargePath._check_client_budget`) over the same
+        recorded charges, under every accountant; so no client the ledger would charge is
+        refused here (the ledger's check, inside its write transaction, still decides every
+        request let through). A refusal is remembered per (client, budget, charge): recorded
+        charges are never removed and an accountant's total only grows with them, so the
+        verdict holds for good, also across replicas, which only add charges; a budget
+        changed in the keys (an edited keys file or keys table) is a new key of the cache and
+        is asked again. So under the tight accountant the costly composition is paid once per
+        spent client, not once per request.
+
+        What the refused client learns: that its own budget (or the dataset's, which every
+        429 reports anyway) cannot pay for one more charge, and for a session mechanism
+        whether its own session is open (the ``session.closed`` of its last answer already
+        said so). All three are functions of released outputs and of its own key, never of
+        the queries in the request, which are not looked at.
         """
         if self._charge is None:
             return None
         ledger, (eps, delta) = self._ledger, self._charge
+        what = "one more query"
+        if not self.mechanism.per_query:
+            if self._source_id is None or ledger.has_open_session(
+                    principal.id, self._source_id, self.mechanism):
+                return None
+            what = "a new session"
         if not dataset_fits:
-            return BudgetExceededError("the dataset's budget cannot pay for one more query")
+            return BudgetExceededError(f"the dataset's budget cannot pay for {what}")
         if principal.budget is None:
             return None
-        eps_b, delta_b = principal.budget
-        if ledger.accountant_name == "standard":
-            spent = ledger.client_spent(principal.id)
-            eps_s, delta_s = (0.0, 0.0) if spent is None else (spent.epsilon, spent.delta)
-        else:
-            eps_s = delta_s = 0.0
-        if eps_s + eps > eps_b * (1 + _PRECHECK_SLACK) or \
-                delta_s + delta > delta_b * (1 + _PRECHECK_SLACK):
-            return BudgetExceededError(
-                f"client {principal.id}: its budget cannot pay for one more query at "
-                f"(eps={eps!r}, delta={delta!r}); nothing was certified or released")
-        return None
+        verdict = (principal.id, principal.budget, self._charge)
+        if verdict not in self._spent_clients:
+            if ledger.client_fits(principal.id, principal.budget, 1, eps, delta):
+                return None
+            self._spent_clients.add(verdict)
+        return BudgetExceededError(
+            f"client {principal.id}: its budget cannot pay for {what} at "
+            f"(eps={eps!r}, delta={delta!r}); nothing was certified or released")
 
     def _serve(self, batch: list[_Task]) -> None:
         predicts, dataset_fits = [], None
@@ -424,6 +444,7 @@ class PredictionService:
 
         x = np.concatenate([t.payload for t in tasks])
         inputs, cert = self._inputs_for(x, radii=self.mechanism.uses_radii)
+        self._source_id = inputs.source.source_id
         radius = self._radius_of(inputs, cert)
         requests, radii, start = [], [], 0
         for task in tasks:

@@ -163,14 +163,51 @@ class ChargePath:
                                 "client = ?", (client,)).fetchall()
         return [(float(e), float(d), int(c)) for e, d, c in rows]
 
+    def _client_total(self, recorded: list[tuple[float, float, int]], budget_delta: float,
+                      epsilon: float, delta: float, count: int) -> Composition:
+        """A client's recorded charge groups and `count` new charges of (epsilon, delta),
+        composed by the ledger's accountant at the client's delta budget: the one composition
+        that both the charge (`_check_client_budget`) and its pre-check (`client_fits`) ask."""
+        return self.accountant.compose_groups(
+            sorted(recorded + [(float(epsilon), float(delta), int(count))]),
+            delta_budget=float(budget_delta))
+
+    def client_fits(self, client: str, budget: tuple[float, float], n_charges: int,
+                    epsilon: float, delta: float = 0.0) -> bool:
+        """Would `n_charges` more charges of (epsilon, delta) fit the client's own budget now?
+        (Advisory, like `fits`: the answering door re-checks inside its write transaction.)
+
+        The answer is the charge path's own (`_check_client_budget`): the client's recorded
+        charge groups and the new ones, composed by the ledger's accountant by the same
+        function and compared with the budget by the same `Composition.fits`. Over the same
+        recorded charges both give the same answer, so a client refused here would be refused
+        by the charge too. Recorded charges are only ever added to, and every accountant's
+        total grows with them, so a False stays False for as long as the budget is the same.
+
+        Args:
+            client: the client's id (an API key's id).
+            budget: its own (epsilon, delta) budget.
+            n_charges: the number of new charges.
+            epsilon: each charge's epsilon (`charge_for`).
+            delta: each charge's delta.
+
+        Returns:
+            Whether they fit the client's budget (the dataset's is `fits`'s to say).
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
+        """
+        recorded = self._client_groups(client) if self._table_exists("client_totals") else []
+        return self._client_total(recorded, budget[1], epsilon, delta, n_charges).fits(
+            float(budget[0]), float(budget[1]))
+
     def _check_client_budget(self, client: str, budget: tuple[float, float], epsilon: float,
                              delta: float, count: int) -> None:
         """Raise BudgetExceededError unless `count` more charges fit the client's own budget
         (composed by the ledger's accountant, like the ledger's)."""
         recorded = self._client_groups(client)
         eps_b, delta_b = float(budget[0]), float(budget[1])
-        total = self.accountant.compose_groups(
-            sorted(recorded + [(float(epsilon), float(delta), int(count))]), delta_budget=delta_b)
+        total = self._client_total(recorded, delta_b, epsilon, delta, count)
         if total.fits(eps_b, delta_b):
             return
         spent = self.accountant.compose_groups(sorted(recorded), delta_budget=delta_b) \

@@ -60,6 +60,8 @@ class Ledger(ChargePath, AnsweringDoor):
             None if meta["per_query_epsilon"] is None
             else (meta["per_query_epsilon"], meta["per_query_delta"]))
         self._dataset: str | None = meta["dataset_sha256"]
+        #: tables seen to exist outside a transaction (`_table_exists`)
+        self._tables_seen: set[str] = set()
 
     @property
     def _conn(self):
@@ -193,7 +195,18 @@ class Ledger(ChargePath, AnsweringDoor):
         return [(float(e), float(d), int(c)) for e, d, c in rows]
 
     def _has_totals(self) -> bool:
-        return self._db.has_table("spend_totals")
+        return self._table_exists("spend_totals")
+
+    def _table_exists(self, name: str) -> bool:
+        """Whether the table exists, remembered once it was seen outside a transaction: the
+        ledger's tables are only ever added (a table created inside a transaction that may
+        still roll back is asked again), so the reads of every request need not ask."""
+        if name in self._tables_seen:
+            return True
+        found = self._db.has_table(name)
+        if found and not getattr(self._db.conn, "in_transaction", True):
+            self._tables_seen.add(name)
+        return found
 
     def _compose(self, groups: Sequence[SpendGroup]) -> Composition:
         merged: dict[tuple[float, float], int] = {}
@@ -275,6 +288,32 @@ class Ledger(ChargePath, AnsweringDoor):
                                         ).fits(self.budget_epsilon, self.budget_delta)
         groups = self._recorded_groups() + [(float(epsilon), float(delta), int(n_queries))]
         return self._compose(groups).fits(self.budget_epsilon, self.budget_delta)
+
+    def has_open_session(self, client: str, source_id: str, mechanism: Mechanism) -> bool:
+        """Whether the client has a session of this stability-gated mechanism open: the
+        answering door would continue it (at no charge) before it charges a new one. Reads
+        only the client's own session row.
+
+        Args:
+            client: the client's id.
+            source_id: the source (bundle or ensemble) the session answers from.
+            mechanism: the session mechanism (its parameters must be the session's).
+
+        Returns:
+            True when a session with these parameters is recorded and has not reached its
+            cutoff; False otherwise (none, another parameters' session, a closed one, or a
+            per-query mechanism).
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
+        """
+        if mechanism.per_query or not self._table_exists("sessions"):
+            return False
+        row = self._db.execute("SELECT params, rho, tops FROM sessions WHERE client = ? AND "
+                               "source_id = ? AND mechanism = ?",
+                               (client, source_id, mechanism.name)).fetchone()
+        return row is not None and row[0] == repr(mechanism) and \
+            mechanism.session_state(int(row[1]), int(row[2])) is not None
 
     def charge_for(self, guarantee: Guarantee) -> tuple[float, float]:
         """The (eps, delta) charged per query for a release with `guarantee`.

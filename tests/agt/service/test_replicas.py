@@ -192,3 +192,17 @@ def test_sixteen_clients_over_two_replicas_and_a_kill(cluster):
     assert all(labels[h] == v for h, v in got)
     with Client(replicas[1].url, keys["owner"]) as owner:
         assert owner.budget()["dataset"]["remaining"]["epsilon"] == BUDGET - charges
+
+
+def test_the_owners_page_lists_the_keys_held_in_the_ledger(cluster):
+    """The owner's page of a replica reads its clients from the ledger's keys table (a
+    review's find: it called the keys file's `records()` on the ledger's key store, a 500)."""
+    import httpx
+
+    _, replicas, keys, _ = cluster
+    page = httpx.get(replicas[1].url + "/owner", timeout=60,
+                     headers={"authorization": f"Bearer {keys['owner']}"})
+    assert page.status_code == 200 and 'id="clients"' in page.text
+    r = httpx.get(replicas[1].url + "/owner", timeout=60,
+                  headers={"authorization": f"Bearer {keys['alice']}", "accept": "text/html"})
+    assert r.status_code == 403
