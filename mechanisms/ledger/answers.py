@@ -1,7 +1,34 @@
 """The answering door: requests answered through the ledger as a prediction service does
 (`Ledger.answer_batch`), with the answers cache, stability-gated sessions across requests,
 per-client budgets and idempotent retries. Every charge goes through the charge path
-(charge.py) inside one write transaction per batch."""
+(charge.py) inside one write transaction per batch.
+
+The answers cache. A request's new answers are one append-only ``answer_blocks`` row
+(schema.py), written in the transaction of its charges; lookups go to an in-memory index
+per `Ledger` object (index.py), never to a per-answer table. Why two objects on one
+database (two processes, two replicas) never release two labels for one query:
+
+1. Every block is written inside a write transaction, which holds the ledger's write lock
+   from before its first read to its commit or rollback (stores.py: SQLite's BEGIN
+   IMMEDIATE; PostgreSQL's row lock on ``ledger_meta``). So the writers are serial, and a
+   block's id (the largest plus one, chosen under the lock) grows with the commit order.
+2. `answer_batch` opens its transaction, takes the lock, and only then catches the index
+   up: it reads every block with an id above the last one it holds. Under the lock, that
+   read sees every committed block (SQLite: the lock excludes other writers and the read
+   is of the file as committed; PostgreSQL, READ COMMITTED: the statement's snapshot is
+   taken after the lock was granted, hence after the commit of every earlier holder), and
+   no block is committed until this transaction ends. Every block committed before has an
+   id at most the largest read (1.), so the index then holds every released answer.
+3. Every lookup that decides a release is made after that catch-up, inside the same
+   transaction (blocks of its own earlier requests are consulted from the pending list).
+   A query answered before is therefore always found, served its label and not charged or
+   drawn again.
+4. A block enters the index only after its transaction committed; a rollback (of the
+   whole batch, or of one request's savepoint) drops its pending blocks, so the index never
+   holds an answer the database does not. After the commit the index's last id is the
+   largest of its own blocks: every block below it was read at the catch-up or written
+   here (1.), so nothing is skipped at the next catch-up.
+"""
 
 from __future__ import annotations
 
