@@ -5,7 +5,9 @@ Both backends hold the same tables with the same columns (docs/reference/formats
 ``ledger_meta`` (one row: budget, accountant, relation, dataset), ``releases`` (one row per
 charge of `Ledger.release`, append-only), the answering door's ``charge_runs`` (one row per
 request: a run of charges with consecutive ids from the same sequence, append-only),
-``spend_totals``, ``client_totals``, ``answers``, ``sessions`` and ``idempotency``, and an
+``spend_totals``, ``client_totals``, ``answer_blocks`` (one row per request's answers),
+``answers`` (one row per answer, of older ledgers: read, no longer written), ``sessions``
+and ``idempotency``, and an
 rdp ledger's ``rdp_charges`` and ``data_dependent``.
 A PostgreSQL ledger also holds the service's ``api_keys`` (agt.service.keys), so that
 replicas share them. Amounts are IEEE doubles stored as given (SQLite REAL, PostgreSQL
