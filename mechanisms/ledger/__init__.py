@@ -52,7 +52,9 @@ Where things are:
   schema.py    the tables of both backends, the format versions, the settings checks
   stores.py    the backends (SqliteStore, PostgresStore): the write lock and its proof
   charge.py    THE charge path: the write transaction, the budget checks, the inserts
-  answers.py   the answering door: answers cache, sessions, client budgets, idempotency
+  answers.py   the answering door: answers cache, sessions, client budgets, idempotency;
+               why the in-memory cache, caught up under the write lock, never re-releases
+  index.py     the answers cache in memory: sorted digests and labels per namespace
   core.py      the Ledger class: opening, accounting reads, release, release_estimate
 """
 

@@ -1,7 +1,34 @@
 """The answering door: requests answered through the ledger as a prediction service does
 (`Ledger.answer_batch`), with the answers cache, stability-gated sessions across requests,
 per-client budgets and idempotent retries. Every charge goes through the charge path
-(charge.py) inside one write transaction per batch."""
+(charge.py) inside one write transaction per batch.
+
+The answers cache. A request's new answers are one append-only ``answer_blocks`` row
+(schema.py), written in the transaction of its charges; lookups go to an in-memory index
+per `Ledger` object (index.py), never to a per-answer table. Why two objects on one
+database (two processes, two replicas) never release two labels for one query:
+
+1. Every block is written inside a write transaction, which holds the ledger's write lock
+   from before its first read to its commit or rollback (stores.py: SQLite's BEGIN
+   IMMEDIATE; PostgreSQL's row lock on ``ledger_meta``). So the writers are serial, and a
+   block's id (the largest plus one, chosen under the lock) grows with the commit order.
+2. `answer_batch` opens its transaction, takes the lock, and only then catches the index
+   up: it reads every block with an id above the last one it holds. Under the lock, that
+   read sees every committed block (SQLite: the lock excludes other writers and the read
+   is of the file as committed; PostgreSQL, READ COMMITTED: the statement's snapshot is
+   taken after the lock was granted, hence after the commit of every earlier holder), and
+   no block is committed until this transaction ends. Every block committed before has an
+   id at most the largest read (1.), so the index then holds every released answer.
+3. Every lookup that decides a release is made after that catch-up, inside the same
+   transaction (blocks of its own earlier requests are consulted from the pending list).
+   A query answered before is therefore always found, served its label and not charged or
+   drawn again.
+4. A block enters the index only after its transaction committed; a rollback (of the
+   whole batch, or of one request's savepoint) drops its pending blocks, so the index never
+   holds an answer the database does not. After the commit the index's last id is the
+   largest of its own blocks: every block below it was read at the catch-up or written
+   here (1.), so nothing is skipped at the next catch-up.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +38,12 @@ import json
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 
 from agt.errors import DataError, PrivacyError
 from mechanisms.base import Mechanism
 from mechanisms.checks import check_delta, check_epsilon, privacy_problems
+from mechanisms.ledger.index import BLOCK_INT, DIGEST, digests_of
 from mechanisms.ledger.records import (
     Answered,
     AnswerRequest,
@@ -120,26 +148,44 @@ class AnsweringDoor:
             except (PrivacyError, DataError, ValueError) as exc:
                 prepared.append(exc)
         out: list[Answered | Exception] = []
-        with self._writing() as db:
-            db.ensure_answer_tables()
-            for item in prepared:
-                if isinstance(item, Exception):
-                    out.append(item)
-                    continue
-                # each request is all or nothing within the batch: a refusal or a failed
-                # draw undoes what the request had recorded
-                db.execute("SAVEPOINT request")
-                try:
-                    out.append(self._answer_idempotent(item, rng, seeded))
-                except StoreError:
-                    raise                  # the database failed: every request rolls back
-                except (PrivacyError, DataError) as exc:
-                    db.execute("ROLLBACK TO SAVEPOINT request")
-                    out.append(exc)
-                db.execute("RELEASE SAVEPOINT request")
-            if any(isinstance(a, Answered) and a.charges for a in out):
-                self._dataset = db.execute("SELECT dataset_sha256 FROM ledger_meta"
-                                           ).fetchone()[0]
+        # the blocks this transaction writes: in the index only once it committed
+        pending: list[tuple[int, tuple, NDArray, NDArray]] = []
+        self._pending = pending
+        try:
+            with self._writing() as db:
+                db.ensure_answer_tables()
+                # under the write lock (module docstring): every block committed before
+                # this transaction is in the index before anything is decided
+                self._answer_index.catch_up(db)
+                for item in prepared:
+                    if isinstance(item, Exception):
+                        out.append(item)
+                        continue
+                    # each request is all or nothing within the batch: a refusal or a
+                    # failed draw undoes what the request had recorded
+                    db.execute("SAVEPOINT request")
+                    mark = len(pending)
+                    try:
+                        out.append(self._answer_idempotent(item, rng, seeded))
+                    except StoreError:
+                        raise              # the database failed: every request rolls back
+                    except (PrivacyError, DataError) as exc:
+                        db.execute("ROLLBACK TO SAVEPOINT request")
+                        del pending[mark:]
+                        out.append(exc)
+                    db.execute("RELEASE SAVEPOINT request")
+                if any(isinstance(a, Answered) and a.charges for a in out):
+                    self._dataset = db.execute("SELECT dataset_sha256 FROM ledger_meta"
+                                               ).fetchone()[0]
+        finally:
+            self._pending = None
+        # committed (a rollback raised above and left the index as it was): the blocks
+        # follow every block the catch-up read, so the index now holds every block up to
+        # the last one written here
+        index = self._answer_index
+        for block_id, namespace, digests, labels in pending:
+            index.add(namespace, digests, labels)
+            index.seen = max(index.seen, block_id)
         return out
 
     def _prepare_answer(self, request: AnswerRequest) -> _Prepared:
@@ -173,7 +219,7 @@ class AnsweringDoor:
         key = request.idempotency_key
         if key is not None and idempotency_key_problem(key):
             raise IdempotencyError(idempotency_key_problem(key))
-        return _Prepared(request, guarantee, eps_c, delta_c)
+        return _Prepared(request, guarantee, eps_c, delta_c, digests_of(ids))
 
     def has_idempotent_answer(self, client: str, key: str) -> bool:
         """Whether the client's idempotency key has a recorded answer (a retry of it is
@@ -252,20 +298,15 @@ class AnsweringDoor:
         source = inputs.source
         unbound = self._bind_dataset(source.dataset_sha256)
         ids = list(inputs.query_ids)
-        # each key once per request (SHA-256 of source, mechanism and hash): looked up now,
-        # stored with the new answers
-        keys = {h: _answer_key(source.source_id, mechanism.name, h, seeded)
-                for h in dict.fromkeys(ids)}
-        cached = self._cached_labels(keys)
-        labels = np.full(len(ids), REFUSED, dtype=np.int64)
-        hit = np.zeros(len(ids), dtype=bool)
-        first: dict[str, int] = {}
-        for i, h in enumerate(ids):
-            if h in cached:
-                labels[i], hit[i] = cached[h], True
-            else:
-                first.setdefault(h, i)
-        new = np.array(sorted(first.values()), dtype=np.int64)
+        namespace = (source.source_id, mechanism.name, repr(mechanism), seeded)
+        # each query once per request: its digest (the first 16 bytes of its hash)
+        digests = item.digests
+        unique, first, inverse = np.unique(digests, return_index=True, return_inverse=True)
+        found, known = self._cached_labels(namespace, unique, ids, first)
+        hit = found[inverse]
+        labels = np.where(hit, known[inverse], REFUSED).astype(np.int64)
+        # the new queries in the order they were asked (their first occurrences)
+        new = np.sort(first[~found])
         answered = Answered(labels, item.guarantee, mechanism.name, item.eps_c, item.delta_c,
                             seeded, mechanism.per_query, cached=hit)
         if len(new) == 0:
@@ -279,37 +320,35 @@ class AnsweringDoor:
             note += "; INSECURE seeded noise (test generator)"
         if item.request.client:
             note += f"; client {item.request.client}"
+        fresh_inputs = inputs.subset(new)
         if mechanism.per_query:
-            fresh, charges = self._answer_per_query(item, inputs.subset(new), rng, seeded, note,
-                                                    keys)
-            sessions_opened, closed = 0, False
+            hashes = list(fresh_inputs.query_ids)
+            release_ids = np.asarray(self._record(item, hashes, len(hashes), seeded, note),
+                                     dtype=np.int64)
+            fresh = np.asarray(self._draw(mechanism, fresh_inputs, rng), dtype=np.int64)
+            charges, sessions_opened, closed = len(hashes), 0, False
         else:
-            fresh, charges, sessions_opened, closed = self._answer_session(
-                item, inputs.subset(new), rng, seeded, note, keys)
+            fresh, release_ids, charges, sessions_opened, closed = self._answer_session(
+                item, fresh_inputs, rng, seeded, note)
+        self._store_answers(namespace, digests[new], fresh, release_ids)
         if unbound:
             db.execute("UPDATE ledger_meta SET dataset_sha256 = ?", (source.dataset_sha256,))
-        labels[new] = fresh
-        by_hash = {ids[i]: int(labels[i]) for i in new}
-        for i, h in enumerate(ids):            # repeats within the request: the first's label
-            if not hit[i]:
-                labels[i] = by_hash[h]
-        return dataclasses.replace(answered, charges=charges, sessions_opened=sessions_opened,
-                                   session_closed=closed)
+        # repeats within the request get their first occurrence's label
+        known[np.searchsorted(unique, digests[new])] = fresh
+        labels = np.where(hit, labels, known[inverse]).astype(np.int64)
+        return dataclasses.replace(answered, labels=labels, charges=charges,
+                                   sessions_opened=sessions_opened, session_closed=closed)
 
-    def _answer_per_query(self, item, inputs, rng, seeded, note, keys):
-        hashes = list(inputs.query_ids)
-        release_ids = self._record(item, hashes, len(hashes), seeded, note)
-        labels = self._draw(item.request.mechanism, inputs, rng)
-        self._store_answers(keys, hashes, labels, release_ids)
-        return labels, len(hashes)
-
-    def _answer_session(self, item, inputs, rng, seeded, note, keys):
+    def _answer_session(self, item, inputs, rng, seeded, note):
         """Queries of a stability-gated session mechanism, within the client's open session,
-        opening (and charging) a new one whenever the last one closed."""
+        opening (and charging) a new one whenever the last one closed. Returns the labels,
+        each query's release id (its session's), the charges, the sessions opened and
+        whether one closed."""
         db, mechanism = self._db, item.request.mechanism
         client, source_id = item.request.client, inputs.source.source_id
         params = repr(mechanism)
         labels = np.full(inputs.n_queries, REFUSED, dtype=np.int64)
+        release_ids = np.zeros(inputs.n_queries, dtype=np.int64)
         charges = opened = 0
         closed = False
         done = 0
@@ -337,8 +376,7 @@ class AnsweringDoor:
                 raise PrivacyError(f"{mechanism.name}: drawing the labels failed "
                                    f"({type(exc).__name__})") from None
             labels[done:done + answered] = part[:answered]
-            self._store_answers(keys, list(rest.query_ids)[:answered], part[:answered],
-                                [session_id] * answered)
+            release_ids[done:done + answered] = session_id
             done += answered
             if mechanism.session_closed(state):
                 closed = True
@@ -347,7 +385,7 @@ class AnsweringDoor:
                 state = None
         if state is not None:
             self._store_session(client, source_id, mechanism.name, params, session_id, state)
-        return labels, charges, opened, closed
+        return labels, release_ids, charges, opened, closed
 
     @staticmethod
     def _draw(mechanism: Mechanism, inputs, rng) -> NDArray[np.int64]:
@@ -360,17 +398,69 @@ class AnsweringDoor:
                                f"({type(exc).__name__}); nothing was recorded or released"
                                ) from None
 
-    def _cached_labels(self, keys: dict[str, bytes]) -> dict[str, int]:
-        """hash -> label of the answers released before, among `keys` (hash -> key)."""
-        hashes = {k: h for h, k in keys.items()}
-        return {hashes[bytes(k)]: int(label) for k, label in self._db.answers_of(list(hashes))}
+    def _cached_labels(self, namespace: tuple, unique: NDArray, ids: Sequence[str],
+                       first: NDArray) -> tuple[NDArray, NDArray]:
+        """(found, label) per digest of `unique`: the answers released before in the
+        namespace (committed: the index, caught up under the lock; or earlier in this
+        transaction: its pending blocks), else, in a ledger answered before the blocks, its
+        ``answers`` table under the old key (the first 16 bytes of SHA-256(source |
+        mechanism name | hash)); `ids[first[i]]` is the hash of `unique[i]`."""
+        found, labels = self._answer_index.lookup(namespace, unique)
+        for _, space, digests, block_labels in self._pending or ():
+            if space != namespace or found.all():
+                continue
+            order = np.argsort(digests)
+            pos = np.minimum(np.searchsorted(digests[order], unique), len(digests) - 1)
+            hit = (digests[order][pos] == unique) & ~found
+            labels[hit] = block_labels[order][pos[hit]]
+            found |= hit
+        legacy = self._answer_index.legacy
+        if legacy is not None and len(legacy) and not found.all():
+            # (answers of the old table carry no parameters: served by mechanism name, as
+            # they were before the blocks)
+            source_id, name, _, seeded = namespace
+            miss = np.flatnonzero(~found)
+            keys = np.array([_answer_key(source_id, name, ids[first[i]], seeded)
+                             for i in miss], dtype=DIGEST)
+            old_found = np.zeros(len(miss), dtype=bool)
+            old_labels = np.zeros(len(miss), dtype=np.int64)
+            legacy.lookup(keys, old_found, old_labels)
+            found[miss[old_found]] = True
+            labels[miss[old_found]] = old_labels[old_found]
+        return found, labels
 
-    def _store_answers(self, keys: dict[str, bytes], hashes: Sequence[str],
-                       labels: ArrayLike, release_ids: Sequence[int]) -> None:
-        # in key order: each B-tree page of the answers is visited once per request
-        self._db.insert_answers(sorted(
-            (keys[h], int(label), int(r))
-            for h, label, r in zip(hashes, np.asarray(labels).tolist(), release_ids)))
+    def _store_answers(self, namespace: tuple, digests: NDArray, labels: NDArray,
+                       release_ids: NDArray) -> None:
+        """Append the request's new answers as one block (one row), pending in the index
+        until the transaction commits."""
+        source_id, name, params, seeded = namespace
+        labels = np.asarray(labels, dtype=BLOCK_INT)
+        block_id = self._db.insert_block((
+            source_id, name, params, int(seeded), len(digests), digests.tobytes(),
+            labels.tobytes(), np.asarray(release_ids, dtype=BLOCK_INT).tobytes()))
+        self._pending.append((block_id, namespace, np.asarray(digests, dtype=DIGEST),
+                              labels.astype(np.int64)))
+
+    def recorded_answers(self) -> list[tuple[int, int]]:
+        """Every released answer the ledger keeps (owner-only: labels with their charges).
+
+        Returns:
+            (release id, label) per answer, of the answer blocks and of the ``answers``
+            table of ledgers answered before them, in release-id order.
+
+        Raises:
+            PrivacyError: the ledger's database cannot be read (`StoreError`).
+        """
+        out: list[tuple[int, int]] = []
+        if self._db.has_table("answers"):
+            out.extend((int(r), int(v)) for v, r in
+                       self._db.execute("SELECT label, release_id FROM answers"))
+        if self._db.has_table("answer_blocks"):
+            for labels, ids in self._db.execute("SELECT labels, release_ids FROM "
+                                                "answer_blocks ORDER BY id"):
+                out.extend(zip(np.frombuffer(bytes(ids), dtype=BLOCK_INT).tolist(),
+                               np.frombuffer(bytes(labels), dtype=BLOCK_INT).tolist()))
+        return sorted(out)
 
     def _store_session(self, client: str, source_id: str, mechanism: str, params: str,
                        session_id: int, state) -> None:

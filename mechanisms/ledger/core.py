@@ -18,9 +18,12 @@ from mechanisms.base import Mechanism
 from mechanisms.guarantee import Guarantee
 from mechanisms.ledger.answers import AnsweringDoor
 from mechanisms.ledger.charge import ChargePath
+from mechanisms.ledger.index import AnswerIndex
 from mechanisms.ledger.records import LedgerEntry, Release, _Charge, _now
 from mechanisms.ledger.schema import (
     _ANSWER_TABLES,
+    _ANSWERS_FROZEN_SQLITE,
+    _BLOCKS_SQLITE,
     _RDP_SCHEMA,
     _RDP_TABLES,
     _SCHEMA,
@@ -31,6 +34,7 @@ from mechanisms.ledger.schema import (
     _compare,
     _create,
     _read_meta,
+    newer_check,
 )
 from mechanisms.ledger.stores import StoreError, is_url, open_store
 from mechanisms.noise import make_generator
@@ -62,6 +66,9 @@ class Ledger(ChargePath, AnsweringDoor):
         self._dataset: str | None = meta["dataset_sha256"]
         #: tables seen to exist outside a transaction (`_table_exists`)
         self._tables_seen: set[str] = set()
+        #: the answers cache in memory (index.py), caught up in every answering transaction
+        self._answer_index = AnswerIndex()
+        self._pending = None
 
     @property
     def _conn(self):
@@ -555,6 +562,12 @@ def _open_schema(store, name: str, given: dict) -> dict:
     """Inside the store's schema transaction: refuse a database of another application,
     create the tables where they are missing, then create or compare the settings."""
     tables = store.tables()
+    if "ledger_meta" in tables:
+        # a newer agt's ledger holds tables this code does not know: say so, not "another
+        # application"
+        row = store.execute("SELECT format_version FROM ledger_meta").fetchone()
+        if row is not None:
+            newer_check(store, name, row[0])
     if store.kind == "SQLite":
         foreign = tables - _TABLES - _ANSWER_TABLES - _RDP_TABLES
         what = "an SQLite database"
@@ -570,10 +583,15 @@ def _open_schema(store, name: str, given: dict) -> dict:
     if store.kind == "SQLite":
         for statement in _SCHEMA:
             store.execute(statement)
+        if "answers" in tables:
+            # a ledger that answered before the blocks: they start now, and its old answers
+            # table takes no new rows (schema.py: _ANSWERS_FROZEN_SQLITE)
+            for statement in (*_BLOCKS_SQLITE, *_ANSWERS_FROZEN_SQLITE):
+                store.execute(statement)
     else:
         if "ledger_meta" in tables:
             row = store.execute("SELECT format_version FROM ledger_meta").fetchone()
-            if row is not None and row[0] != MIGRATES_FROM[store.kind]:
+            if row is not None and row[0] not in MIGRATES_FROM[store.kind]:
                 _read_meta(store, name)   # another version's tables are refused, not changed
         if tables != POSTGRES_TABLES:
             # (only where something is missing: creating a trigger would wait for, and

@@ -201,6 +201,8 @@ class _Prepared:
     guarantee: Guarantee
     eps_c: float
     delta_c: float
+    #: the queries' digests (`index.digests_of`)
+    digests: NDArray | None = None
 
 
 

@@ -5,7 +5,9 @@ Both backends hold the same tables with the same columns (docs/reference/formats
 ``ledger_meta`` (one row: budget, accountant, relation, dataset), ``releases`` (one row per
 charge of `Ledger.release`, append-only), the answering door's ``charge_runs`` (one row per
 request: a run of charges with consecutive ids from the same sequence, append-only),
-``spend_totals``, ``client_totals``, ``answers``, ``sessions`` and ``idempotency``, and an
+``spend_totals``, ``client_totals``, ``answer_blocks`` (one row per request's answers),
+``answers`` (one row per answer, of older ledgers: read, no longer written), ``sessions``
+and ``idempotency``, and an
 rdp ledger's ``rdp_charges`` and ``data_dependent``.
 A PostgreSQL ledger also holds the service's ``api_keys`` (agt.service.keys), so that
 replicas share them. Amounts are IEEE doubles stored as given (SQLite REAL, PostgreSQL
@@ -23,13 +25,14 @@ from mechanisms.guarantee import REPLACE_ONE, check_relation
 from mechanisms.ledger.records import _now
 
 #: the SQLite ledger's format (3: the answering door records a request's charges as one
-#: ``charge_runs`` row)
-FORMAT_VERSION = 3
-#: the PostgreSQL ledger's format (its own line of versions; 2: ``charge_runs``)
-POSTGRES_FORMAT_VERSION = 2
-#: per backend, the format this code migrates to its own on open (the one before: it lacks
-#: only ``charge_runs``, which the migration adds)
-MIGRATES_FROM = {"SQLite": 2, "PostgreSQL": 1}
+#: ``charge_runs`` row; 4: and its answers as one ``answer_blocks`` row)
+FORMAT_VERSION = 4
+#: the PostgreSQL ledger's format (its own line of versions; 2: ``charge_runs``; 3:
+#: ``answer_blocks``)
+POSTGRES_FORMAT_VERSION = 3
+#: per backend, the formats this code migrates to its own on open (the ones before lack only
+#: tables the migration adds: ``charge_runs``, ``answer_blocks``; their rows stay as they are)
+MIGRATES_FROM = {"SQLite": (2, 3), "PostgreSQL": (1, 2)}
 _TABLES = {"ledger_meta", "releases", "sqlite_sequence"}
 #: tables the answering door (`Ledger.answer_batch`) adds on first use: running totals of the
 #: charges, all and per client (so a budget check reads a few rows, not every charge; every
@@ -37,7 +40,7 @@ _TABLES = {"ledger_meta", "releases", "sqlite_sequence"}
 #: asked again, a query gets its released label at no new charge) and the open
 #: stability-gated sessions
 _ANSWER_TABLES = {"spend_totals", "client_totals", "answers", "sessions", "idempotency",
-                  "charge_runs"}
+                  "charge_runs", "answer_blocks"}
 _FIXED_ACCOUNTANTS = ("best", "advanced", "tight")
 #: every accountant a ledger takes: the (eps, delta) ones of accounting.py and "rdp"
 LEDGER_ACCOUNTANTS: tuple[str, ...] = ACCOUNTANTS + ("rdp",)
@@ -131,6 +134,33 @@ _CHARGE_RUNS_SQLITE = (
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
 )
 
+#: the answering door's released answers, one row per request (an "answer block"): its
+#: queries' digests (the first 16 bytes of each query's hash, `n x 16` bytes), their labels
+#: and release ids (little-endian int64, `n x 8` bytes each), under the namespace (source,
+#: mechanism, its parameters' repr, seeded) they are served again in. Appended at the end
+#: (ids in commit order: every writer holds the ledger's write lock), so a commit writes a
+#: few pages, not one random B-tree page per answer. The older ``answers`` table (one row
+#: per answer) is read, never written, once a ledger has blocks: an insert is refused, so a
+#: process of an older agt still running on a migrated ledger cannot add an answer that this
+#: version's cache would miss
+_BLOCKS_SQLITE = (
+    """CREATE TABLE IF NOT EXISTS answer_blocks (id INTEGER PRIMARY KEY,
+        source_id TEXT NOT NULL, mechanism TEXT NOT NULL, params TEXT NOT NULL,
+        seeded INTEGER NOT NULL, count INTEGER NOT NULL CHECK (count > 0),
+        digests BLOB NOT NULL CHECK (length(digests) = 16 * count),
+        labels BLOB NOT NULL CHECK (length(labels) = 8 * count),
+        release_ids BLOB NOT NULL CHECK (length(release_ids) = 8 * count))""",
+    """CREATE TRIGGER IF NOT EXISTS answer_blocks_no_update BEFORE UPDATE ON answer_blocks
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS answer_blocks_no_delete BEFORE DELETE ON answer_blocks
+        BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+)
+#: (only where ``answers`` exists)
+_ANSWERS_FROZEN_SQLITE = (
+    """CREATE TRIGGER IF NOT EXISTS answers_moved BEFORE INSERT ON answers
+        BEGIN SELECT RAISE(ABORT, 'answers moved to answer_blocks: upgrade agt'); END""",
+)
+
 # One statement each (sqlite3's executescript would COMMIT the open transaction first).
 _ANSWER_SCHEMA = (
     """CREATE TABLE spend_totals (epsilon REAL NOT NULL, delta REAL NOT NULL,
@@ -153,6 +183,8 @@ _ANSWER_SCHEMA = (
     """CREATE TRIGGER answers_no_delete BEFORE DELETE ON answers
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
     *_CHARGE_RUNS_SQLITE,
+    *_BLOCKS_SQLITE,
+    *_ANSWERS_FROZEN_SQLITE,
 )
 
 
@@ -170,7 +202,7 @@ API_KEYS_TABLE = ("""CREATE TABLE IF NOT EXISTS api_keys (id TEXT PRIMARY KEY,
 #: the PostgreSQL ledger: every table created at once, on first open. The same columns as
 #: SQLite's; ids of ``releases`` are given by the ledger (consecutive, under the budget lock)
 _PG_APPEND_ONLY = ("releases", "rdp_charges", "data_dependent", "answers", "charge_runs",
-                   "idempotency")
+                   "idempotency", "answer_blocks")
 POSTGRES_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS ledger_meta (
         id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -221,6 +253,12 @@ POSTGRES_SCHEMA = (
         epsilon DOUBLE PRECISION NOT NULL CHECK (epsilon > 0),
         delta DOUBLE PRECISION NOT NULL CHECK (delta >= 0 AND delta < 1),
         seeded INTEGER NOT NULL, note TEXT NOT NULL, query_hashes TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS answer_blocks (id BIGINT PRIMARY KEY,
+        source_id TEXT NOT NULL, mechanism TEXT NOT NULL, params TEXT NOT NULL,
+        seeded INTEGER NOT NULL, count INTEGER NOT NULL CHECK (count > 0),
+        digests BYTEA NOT NULL CHECK (length(digests) = 16 * count),
+        labels BYTEA NOT NULL CHECK (length(labels) = 8 * count),
+        release_ids BYTEA NOT NULL CHECK (length(release_ids) = 8 * count))""",
     """CREATE TABLE IF NOT EXISTS sessions (client TEXT NOT NULL, source_id TEXT NOT NULL,
         mechanism TEXT NOT NULL, params TEXT NOT NULL, release_id BIGINT NOT NULL,
         rho INTEGER NOT NULL, tops INTEGER NOT NULL,
@@ -232,11 +270,16 @@ POSTGRES_SCHEMA = (
         'BEGIN RAISE EXCEPTION ''the privacy ledger is append-only''; END'""",
     *(f"""CREATE OR REPLACE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table}
         FOR EACH ROW EXECUTE FUNCTION agt_append_only()""" for table in _PG_APPEND_ONLY),
+    # the answers moved to answer_blocks (SQLite's _ANSWERS_FROZEN_SQLITE says why)
+    """CREATE OR REPLACE FUNCTION agt_answers_moved() RETURNS trigger LANGUAGE plpgsql AS
+        'BEGIN RAISE EXCEPTION ''answers moved to answer_blocks: upgrade agt''; END'""",
+    """CREATE OR REPLACE TRIGGER answers_moved BEFORE INSERT ON answers
+        FOR EACH ROW EXECUTE FUNCTION agt_answers_moved()""",
 )
 #: every table of a PostgreSQL ledger (a database holding others is refused)
 POSTGRES_TABLES = {"ledger_meta", "releases", "rdp_charges", "data_dependent", "spend_totals",
                    "client_totals", "answers", "sessions", "idempotency", "api_keys",
-                   "charge_runs"}
+                   "charge_runs", "answer_blocks"}
 
 
 # -- creation and comparison ---------------------------------------------------------------
@@ -272,17 +315,35 @@ def _read_meta(store, path: str, migrate: bool = False) -> dict | None:
     if row is None:
         return None
     meta = dict(zip(cols, row))
-    if migrate and meta.get("format_version") == MIGRATES_FROM[store.kind]:
-        # the one change since: the answering door's runs, a table created beside the old
-        # ones (already created by the caller); the old rows stay as they are
+    if migrate and meta.get("format_version") in MIGRATES_FROM[store.kind]:
+        # the changes since: the answering door's runs and blocks, tables created beside
+        # the old ones (already created by the caller); the old rows stay as they are
         store.execute("UPDATE ledger_meta SET format_version = ?", (store.format_version,))
         meta["format_version"] = store.format_version
+    newer_check(store, path, meta.get("format_version"))
     if meta.get("format_version") != store.format_version:
         raise PrivacyError(f"{path} is a ledger of format {meta.get('format_version')!r}; this "
                            f"code reads format {store.format_version} of {store.kind} ledgers "
                            f"(bound to one dataset and relation); start a new ledger "
                            f"({store.kind == 'SQLite' and 'file' or 'database'})")
     return meta
+
+
+def newer_check(store, path: str, version) -> None:
+    """Refuse a ledger written by a newer agt with a message that says so.
+
+    Args:
+        store: the ledger's store.
+        path: its name, for the message.
+        version: its stored ``format_version``.
+
+    Raises:
+        PrivacyError: `version` is above this code's.
+    """
+    if isinstance(version, int) and version > store.format_version:
+        raise PrivacyError(f"{path} is a ledger of format {version}, written by a newer agt; "
+                           f"this agt reads {store.kind} ledgers up to format "
+                           f"{store.format_version}: upgrade agt (nothing was changed)")
 
 
 def _create(store, path: str, given: dict) -> dict:

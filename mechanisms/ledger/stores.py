@@ -40,6 +40,8 @@ from urllib.parse import urlsplit, urlunsplit
 from agt.errors import PrivacyError
 from mechanisms.ledger.schema import (
     _ANSWER_SCHEMA,
+    _ANSWERS_FROZEN_SQLITE,
+    _BLOCKS_SQLITE,
     _CHARGE_RUNS_SQLITE,
     _IDEMPOTENCY_SQLITE,
     FORMAT_VERSION,
@@ -176,6 +178,8 @@ class SqliteStore:
             if not self.has_table("charge_runs"):
                 for statement in _CHARGE_RUNS_SQLITE:
                     self.execute(statement)
+            for statement in (*_BLOCKS_SQLITE, *_ANSWERS_FROZEN_SQLITE):
+                self.execute(statement)
         # (another process may have created them in the meantime: IF NOT EXISTS, and this
         # flag only saves the lookups once they are known to exist)
         self._answer_tables_current = True
@@ -215,18 +219,30 @@ class SqliteStore:
                      (start + 1, *row))
         return start + 1
 
-    def insert_answers(self, rows: Sequence[tuple]) -> None:
-        """Insert released answers (key, label, release_id)."""
-        self.executemany("INSERT INTO answers (key, label, release_id) VALUES (?, ?, ?)", rows)
+    def insert_block(self, row: tuple) -> int:
+        """Append an answer block (source_id, mechanism, params, seeded, count, digests,
+        labels, release_ids) inside the write transaction; returns its id (the largest so
+        far plus one: ids follow the order of the commits, one writer at a time)."""
+        cursor = self.execute(
+            "INSERT INTO answer_blocks (id, source_id, mechanism, params, seeded, count, "
+            "digests, labels, release_ids) SELECT COALESCE(MAX(id), 0) + 1, ?, ?, ?, ?, ?, ?, "
+            "?, ? FROM answer_blocks", row)
+        return int(cursor.lastrowid)
 
-    def answers_of(self, keys: Sequence[bytes]) -> list[tuple[bytes, int]]:
-        """(key, label) of the released answers among `keys` (500 keys a statement)."""
-        out = []
-        for start in range(0, len(keys), 500):
-            chunk = keys[start:start + 500]
-            out.extend(self.execute(f"SELECT key, label FROM answers WHERE key IN "
-                                    f"({', '.join('?' * len(chunk))})", chunk))
-        return out
+    def blocks_after(self, seen: int) -> list[tuple]:
+        """(id, source_id, mechanism, params, seeded, count, digests, labels) of the answer
+        blocks after id `seen`, in id order."""
+        if not self.has_table("answer_blocks"):
+            return []
+        return self.execute("SELECT id, source_id, mechanism, params, seeded, count, digests, "
+                            "labels FROM answer_blocks WHERE id > ? ORDER BY id",
+                            (int(seen),)).fetchall()
+
+    def legacy_answers(self) -> list[tuple[bytes, int]]:
+        """(key, label) of the ``answers`` table (ledgers answered before the blocks)."""
+        if not self.has_table("answers"):
+            return []
+        return self.execute("SELECT key, label FROM answers").fetchall()
 
     def close(self) -> None:
         self.conn.close()
@@ -391,16 +407,27 @@ class PostgresStore:
                      (start, *row))
         return start
 
-    def insert_answers(self, rows: Sequence[tuple]) -> None:
-        """Insert released answers (key, label, release_id) in one COPY."""
-        self._copy("answers", "key, label, release_id", ("bytea", "int4", "int8"), rows)
+    def insert_block(self, row: tuple) -> int:
+        """Append an answer block (source_id, mechanism, params, seeded, count, digests,
+        labels, release_ids) inside the write transaction: one INSERT of bytea columns;
+        returns its id, the largest so far plus one (the budget lock makes this the only
+        writer, so ids follow the order of the commits)."""
+        return int(self.execute(
+            "INSERT INTO answer_blocks (id, source_id, mechanism, params, seeded, count, "
+            "digests, labels, release_ids) SELECT COALESCE(MAX(id), 0) + 1, ?, ?, ?, ?, ?, "
+            "?::bytea, ?::bytea, ?::bytea FROM answer_blocks RETURNING id", row
+        ).fetchone()[0])
 
-    def answers_of(self, keys: Sequence[bytes]) -> list[tuple[bytes, int]]:
-        """(key, label) of the released answers among `keys` (one statement)."""
-        if not keys:
-            return []
-        return [(bytes(k), int(v)) for k, v in self.execute(
-            "SELECT key, label FROM answers WHERE key = ANY(?)", (list(keys),))]
+    def blocks_after(self, seen: int) -> list[tuple]:
+        """(id, source_id, mechanism, params, seeded, count, digests, labels) of the answer
+        blocks after id `seen`, in id order."""
+        return self.execute("SELECT id, source_id, mechanism, params, seeded, count, digests, "
+                            "labels FROM answer_blocks WHERE id > ? ORDER BY id",
+                            (int(seen),)).fetchall()
+
+    def legacy_answers(self) -> list[tuple[bytes, int]]:
+        """(key, label) of the ``answers`` table (ledgers answered before the blocks)."""
+        return self.execute("SELECT key, label FROM answers").fetchall()
 
     def close(self) -> None:
         if self.conn is not None:

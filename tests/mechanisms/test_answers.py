@@ -28,12 +28,12 @@ def certified(n: int, seed: int, radius=None) -> Certified:
 
 def rows(path) -> dict:
     """The charges the ledger holds (counted through `Ledger.entries`: the answering door
-    records a request's charges as one run), its answers' rows and the clients' charges."""
+    records a request's charges as one run), its answers (`Ledger.recorded_answers`: a
+    request's are one block) and the clients' charges."""
     with Ledger.open(path) as ledger:
-        out = {"charges": len(ledger.entries())}
+        out = {"charges": len(ledger.entries()), "answers": len(ledger.recorded_answers())}
     conn = sqlite3.connect(path)
     try:
-        out["answers"] = conn.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
         out["client_charges"] = conn.execute(
             "SELECT COALESCE(SUM(count), 0) FROM client_totals").fetchone()[0]
         return out
@@ -183,9 +183,13 @@ def test_released_answers_are_never_replaced(tmp_path):
     with Ledger.open(db, budget_epsilon=10.0) as ledger:
         ledger.answer(make_mechanism("exp-radius", 1.0), certified(2, 1), client="a")
     conn = sqlite3.connect(db)
-    for statement in ("UPDATE answers SET label = 1 - label", "DELETE FROM answers"):
+    for statement in ("UPDATE answer_blocks SET labels = release_ids",
+                      "DELETE FROM answer_blocks"):
         with pytest.raises(sqlite3.DatabaseError, match="append-only"):
             conn.execute(statement)
+    # the table of the format before blocks takes no new answer
+    with pytest.raises(sqlite3.DatabaseError, match="upgrade agt"):
+        conn.execute("INSERT INTO answers (key, label, release_id) VALUES (X'00', 1, 1)")
     conn.close()
 
 

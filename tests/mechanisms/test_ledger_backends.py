@@ -14,7 +14,7 @@ import pytest
 from agt.errors import BudgetExceededError, PrivacyError
 from mechanisms import Certified, Ledger, Source, make_mechanism
 from mechanisms.ledger import AnswerRequest, IdempotencyError
-from tests.mechanisms.test_answers import certified
+from tests.mechanisms.test_answers import SOURCE, certified
 from tests.mechanisms.test_ledger import SPENDER, python, wait_for
 from tests.postgres import pg_databases, postgres_url  # noqa: F401  (fixtures)
 
@@ -228,18 +228,20 @@ def test_a_request_is_one_run_of_charges_sharing_the_ids_of_releases(name):
         assert {(e.epsilon, e.mechanism) for e in entries[3:8]} == {(0.5, "exp-radius")}
         assert ledger.spent().epsilon == pytest.approx(5 * 0.25 + 6 * 0.5)
         assert ledger.client_spent("a").epsilon == pytest.approx(3.0)
+        answers = ledger.recorded_answers()
     by_id = {e.id: e.query_hash for e in entries}
-    answers = _raw(name, "SELECT release_id FROM answers")
-    assert sorted(by_id[r] for (r,) in answers) == sorted([*five.query_ids, *one.query_ids])
+    assert sorted(by_id[r] for r, _ in answers) == sorted([*five.query_ids, *one.query_ids])
     assert _raw(name, "SELECT COUNT(*) FROM charge_runs") == [(2,)]
-    for tamper in ("UPDATE charge_runs SET count = 1", "DELETE FROM charge_runs"):
+    assert _raw(name, "SELECT COUNT(*) FROM answer_blocks") == [(2,)]   # one per request
+    for tamper in ("UPDATE charge_runs SET count = 1", "DELETE FROM charge_runs",
+                   "UPDATE answer_blocks SET labels = release_ids", "DELETE FROM answer_blocks"):
         with pytest.raises(Exception, match="append-only"):
             _raw(name, tamper)
 
 
-def test_a_ledger_of_the_previous_format_is_migrated(name):
-    """A ledger of the format before runs (no ``charge_runs``) opens, keeps its charges and
-    answers, and records new requests as runs after its last id."""
+def test_a_ledger_of_the_format_before_runs_is_migrated(name):
+    """A ledger of the format before runs (no ``charge_runs``, no ``answer_blocks``) opens,
+    keeps its charges, and records new requests as runs after its last id."""
     gs, mech = make_mechanism("gs", 0.25), make_mechanism("exp-radius", 0.5)
     with Ledger.open(name, 100.0) as ledger:
         ledger.release(gs, certified(3, 1))
@@ -248,7 +250,9 @@ def test_a_ledger_of_the_previous_format_is_migrated(name):
         backend = ledger.backend
     from mechanisms.ledger.schema import MIGRATES_FROM
     _raw(name, "DROP TABLE charge_runs")
-    _raw(name, f"UPDATE ledger_meta SET format_version = {MIGRATES_FROM[backend]}")
+    _raw(name, "DROP TABLE answer_blocks")
+    _raw(name, "DROP TRIGGER answers_moved" + (" ON answers" if backend != "SQLite" else ""))
+    _raw(name, f"UPDATE ledger_meta SET format_version = {MIGRATES_FROM[backend][0]}")
     with Ledger.open(name) as ledger:
         out = ledger.answer(mech, certified(4, 2), client="a")
         assert out.charges == 4
@@ -256,7 +260,143 @@ def test_a_ledger_of_the_previous_format_is_migrated(name):
         assert ledger.spent().epsilon == pytest.approx(3 * 0.25 + 4 * 0.5)
         assert ledger.answer(mech, certified(4, 2), client="a").cached.all()
     assert _raw(name, "SELECT format_version FROM ledger_meta") == [
-        (3 if backend == "SQLite" else 2,)]
+        (4 if backend == "SQLite" else 3,)]
+
+
+def _bytes_sql(name: str, data: bytes) -> str:
+    return f"decode('{data.hex()}', 'hex')" if name.startswith("postgresql://") else \
+        f"X'{data.hex()}'"
+
+
+def test_an_old_format_ledger_is_migrated_and_serves_its_old_answers(name):
+    """A ledger of the format before answer blocks (SQLite 3, PostgreSQL 2: one ``answers``
+    row per answer, keyed by SHA-256(source | mechanism | hash)), built here with raw SQL,
+    opens at the new format, serves its old answers at no charge, records new ones as
+    blocks, and refuses an old agt's insert into its old table from then on."""
+    from mechanisms.ledger.answers import _answer_key
+
+    mech = make_mechanism("exp-radius", 0.5)
+    old, new = certified(6, 1), certified(3, 2)
+    with Ledger.open(name, 100.0) as ledger:
+        first = ledger.answer(mech, old, client="a")
+        backend = ledger.backend
+        hashes = {e.id: e.query_hash for e in ledger.entries()}
+        rows = [(_answer_key(SOURCE.source_id, mech.name, hashes[r]), label, r)
+                for r, label in ledger.recorded_answers()]
+    # the old format: its answers in `answers`, no blocks, no fence on `answers`
+    _raw(name, "DROP TABLE answer_blocks")
+    _raw(name, "DROP TRIGGER answers_moved" + (" ON answers" if backend != "SQLite" else ""))
+    for key, label, r in rows:
+        _raw(name, f"INSERT INTO answers (key, label, release_id) VALUES "
+                   f"({_bytes_sql(name, key)}, {label}, {r})")
+    _raw(name, f"UPDATE ledger_meta SET format_version = {3 if backend == 'SQLite' else 2}")
+    with Ledger.open(name) as ledger:
+        again = ledger.answer(mech, old, client="b")
+        assert again.cached.all() and again.charges == 0
+        assert np.array_equal(again.labels, first.labels)
+        mixed = ledger.answer(mech, Certified(
+            np.r_[old.prediction[:2], new.prediction], np.r_[old.radius[:2], new.radius], 2,
+            SOURCE, old.query_ids[:2] + new.query_ids), client="b")
+        assert mixed.cached.tolist() == [True, True, False, False, False]
+        assert mixed.charges == 3 and ledger.spent().epsilon == pytest.approx(9 * 0.5)
+        assert len(ledger.recorded_answers()) == 9
+    assert _raw(name, "SELECT format_version FROM ledger_meta") == [
+        (4 if backend == "SQLite" else 3,)]
+    with pytest.raises(Exception, match="upgrade agt"):
+        _raw(name, f"INSERT INTO answers (key, label, release_id) VALUES "
+                   f"({_bytes_sql(name, bytes(16))}, 1, 1)")
+
+
+def test_a_ledger_of_a_newer_agt_is_refused_as_such(name):
+    with Ledger.open(name, 1.0) as ledger:
+        ledger.answer(make_mechanism("exp-radius", 0.5), certified(1, 1))
+    _raw(name, "UPDATE ledger_meta SET format_version = 99")
+    with pytest.raises(PrivacyError, match="newer agt.*upgrade agt"):
+        Ledger.open(name)
+
+
+def test_two_ledger_objects_share_one_cache(name):
+    """Two `Ledger` objects on one database (two processes, two replicas) writing in turn:
+    each sees the other's answers before it decides, so no query gets a second label."""
+    mech = make_mechanism("exp-radius", 0.5)
+    q1, q2, q3 = certified(8, 1), certified(8, 2), certified(8, 3)
+    with Ledger.open(name, 100.0) as a, Ledger.open(name) as b:
+        one = a.answer(mech, q1, client="x")
+        seen_by_b = b.answer(mech, q1, client="y")
+        assert seen_by_b.cached.all() and np.array_equal(seen_by_b.labels, one.labels)
+        two = b.answer(mech, q2, client="y")
+        out = a.answer_batch([AnswerRequest(mech, q2, "x"), AnswerRequest(mech, q3, "x"),
+                              AnswerRequest(mech, q3, "z")])
+        assert out[0].cached.all() and np.array_equal(out[0].labels, two.labels)
+        assert out[1].charges == 8 and out[2].cached.all()         # earlier in the batch
+        assert np.array_equal(out[1].labels, out[2].labels)
+        assert b.answer(mech, q3, client="y").cached.all()
+        assert a.spent().epsilon == pytest.approx(24 * 0.5) == b.spent().epsilon
+        assert len(a.entries()) == 24 == len(b.recorded_answers())
+
+
+def test_a_cached_label_is_served_only_under_its_own_parameters(name):
+    """An answer released at one epsilon is not reported under another: a request at
+    another epsilon is a new, charged release."""
+    inputs = certified(5, 1)
+    with Ledger.open(name, 100.0) as ledger:
+        ledger.answer(make_mechanism("exp-radius", 0.5), inputs)
+        other = ledger.answer(make_mechanism("exp-radius", 1.0), inputs)
+        assert other.charges == 5 and not other.cached.any()
+        assert other.charged_epsilon == 1.0
+        assert ledger.answer(make_mechanism("exp-radius", 0.5), inputs).cached.all()
+        assert ledger.answer(make_mechanism("exp-radius", 1.0), inputs).cached.all()
+        assert ledger.spent().epsilon == pytest.approx(5 * 0.5 + 5 * 1.0)
+
+
+class _Interrupted(BaseException):
+    """What a signal would raise in the middle of a draw."""
+
+
+class _Failing(np.random.Generator):
+    """A generator whose draws raise `error` (a failed draw, an interrupt) once `allowed`
+    of them were made (counted in `made`)."""
+
+    error: BaseException = RuntimeError("no entropy")
+    allowed = 0
+    made = 0
+
+    def __getattribute__(self, attr):
+        if attr.startswith("_") or attr in ("error", "allowed", "made"):
+            return super().__getattribute__(attr)
+        if self.made >= self.allowed:
+            raise self.error
+        self.made += 1
+        return super().__getattribute__(attr)
+
+
+def test_a_rolled_back_transaction_leaves_nothing_in_the_index(name):
+    mech = make_mechanism("exp-radius", 0.5)
+    with Ledger.open(name, 100.0) as ledger:
+        ledger.answer(mech, certified(2, 1))
+        # a request of a batch refused at its draw: its savepoint undone, the batch goes on
+        out = ledger.answer_batch([AnswerRequest(mech, certified(3, 2), "a"),
+                                   AnswerRequest(mech, certified(1, 4), "a")],
+                                  insecure_rng=_Failing(np.random.PCG64(1)))
+        assert isinstance(out[0], PrivacyError) and isinstance(out[1], PrivacyError)
+        # the whole transaction rolled back: an interrupt in the second request's draw,
+        # after the first request's block was written (its draws counted on a ledger in
+        # memory: the same seeded draws)
+        counting = _Failing(np.random.PCG64(1))
+        counting.allowed = 10**9
+        Ledger.in_memory(100.0).answer(mech, certified(5, 5), insecure_rng=counting)
+        interrupting = _Failing(np.random.PCG64(1))
+        interrupting.error, interrupting.allowed = _Interrupted(), counting.made
+        with pytest.raises(_Interrupted):
+            ledger.answer_batch([AnswerRequest(mech, certified(5, 5), "a"),
+                                 AnswerRequest(mech, certified(4, 3), "a")],
+                                insecure_rng=interrupting)
+        assert interrupting.made == counting.made > 0
+        assert len(ledger._answer_index) == 2 and not ledger._pending
+        for seed, n in ((2, 3), (5, 5), (3, 4)):
+            fresh = ledger.answer(mech, certified(n, seed))
+            assert fresh.charges == n and not fresh.cached.any()
+        assert len(ledger.recorded_answers()) == 14 == len(ledger._answer_index)
 
 
 ANSWERER = """
@@ -298,7 +438,7 @@ def test_kill_dash_nine_mid_write_loses_no_returned_label(name):
         charges = {e.id: e.query_hash for e in ledger.entries()}
         assert len(set(charges.values())) == len(charges)             # charged once each
         assert ledger.spent().epsilon == pytest.approx(0.01 * len(charges))
-    recorded = {charges[r]: label for label, r in
-                _raw(name, "SELECT label, release_id FROM answers")}  # KeyError: no charge
+        recorded = {charges[r]: label for r, label in
+                    ledger.recorded_answers()}                        # KeyError: no charge
     assert len(recorded) == len(charges) >= len(got) == 200
     assert all(recorded[h] == v for h, v in got.items())

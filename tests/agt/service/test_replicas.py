@@ -91,15 +91,11 @@ def cluster(tmp_path_factory):
 
 def recorded(url: str) -> tuple[int, dict[str, int]]:
     """(charges, query hash -> label) as the ledger holds them."""
-    import psycopg
-
     from mechanisms import Ledger
     with Ledger.open(url) as ledger:     # every charge, a request's run expanded
         charges = {e.id: e.query_hash for e in ledger.entries()}
-    with psycopg.connect(url) as conn:
         # (an answer without its charge fails here: KeyError)
-        labels = {charges[r]: label for label, r in
-                  conn.execute("SELECT label, release_id FROM answers").fetchall()}
+        labels = {charges[r]: label for r, label in ledger.recorded_answers()}
     return len(charges), labels
 
 

@@ -130,27 +130,19 @@ def recorded_charges(path) -> dict[int, str]:
 
 
 def ledger_rows(path) -> dict:
-    out = {"charges": len(recorded_charges(path))}
-    conn = sqlite3.connect(path)
-    try:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-        out["answers"] = (conn.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
-                          if "answers" in tables else 0)
-        return out
-    finally:
-        conn.close()
+    from mechanisms import Ledger
+    with Ledger.open(path) as ledger:
+        return {"charges": len(recorded_charges(path)),
+                "answers": len(ledger.recorded_answers())}
 
 
 def answers_of(path) -> dict[str, int]:
     """Query hash -> label of every recorded answer, joined with its recorded charge."""
+    from mechanisms import Ledger
     charges = recorded_charges(path)
-    conn = sqlite3.connect(path)
-    try:
+    with Ledger.open(path) as ledger:
         # (an answer without its charge fails here: KeyError)
-        return {charges[r]: label for label, r in
-                conn.execute("SELECT label, release_id FROM answers")}
-    finally:
-        conn.close()
+        return {charges[r]: label for r, label in ledger.recorded_answers()}
 
 
 def test_keys_and_roles(world, server):

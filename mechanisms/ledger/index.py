@@ -1,0 +1,173 @@
+"""The answers cache in memory: per namespace, sorted arrays of 16-byte query digests and
+their released labels, kept in step with the ledger's ``answer_blocks`` table.
+
+A namespace is (source id, mechanism name, the mechanism's parameters ``repr``, seeded): a
+label released by one mechanism at one (epsilon, delta) is served again only to a request of
+the same mechanism with the same parameters, noise of the same kind (seeded test noise never
+meets secure noise) and the same source. Within a namespace a query is its digest: the first
+16 bytes of its hash (`hash_query`, SHA-256), so no second hash is computed.
+
+Each namespace holds a few log-structured segments (a sorted ``S16`` array of digests and an
+``int64`` array of labels each): a new batch of answers is one more segment, and the last
+two are merged while the older is less than twice the newer, so there are O(log n) segments
+and each answer is merged O(log n) times. Memory: 24 bytes per answer (16 of digest, 8 of
+label), plus a merge's temporary copy of the segments it merges. No Python object per answer.
+
+The index decides releases only inside the ledger's write transaction, after its lock is
+held and after `AnswerIndex.catch_up` has read every block committed since the last one it
+saw (the argument is in answers.py); answers of a transaction are added only once it
+committed (`add`), so a rollback leaves nothing here.
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agt.errors import PrivacyError
+
+#: a digest: the first 16 bytes of a query's SHA-256
+DIGEST = np.dtype("S16")
+#: an answer block's labels and release ids: little-endian int64 each
+BLOCK_INT = np.dtype("<i8")
+
+
+def digests_of(hashes: Sequence[str]) -> NDArray:
+    """The digests of query hashes (64 lowercase hex digits each, `hash_query`'s), at once.
+
+    Args:
+        hashes: the queries' hashes.
+
+    Returns:
+        An ``S16`` array: per hash, the first 16 bytes it encodes.
+
+    Raises:
+        PrivacyError: a hash that is not 64 lowercase hex digits.
+    """
+    joined = "".join(hashes)
+    n = len(hashes)
+    try:
+        if len(joined) != 64 * n or joined != joined.lower() or \
+                any(len(h) != 64 for h in hashes):
+            raise ValueError
+        raw = binascii.unhexlify(joined)
+    except (ValueError, binascii.Error):
+        raise PrivacyError("the answering door keeps answers by their queries' hashes: "
+                           "inputs.query_ids must be 64 lowercase hex digits each "
+                           "(hash_query / hash_queries of the query's bytes)") from None
+    full = np.frombuffer(raw, dtype=np.uint8).reshape(n, 32)
+    return np.ascontiguousarray(full[:, :16]).view(DIGEST).reshape(n)
+
+
+class _Space:
+    """One namespace's segments (sorted digests, their labels), newest last."""
+
+    __slots__ = ("segments",)
+
+    def __init__(self) -> None:
+        self.segments: list[tuple[NDArray, NDArray]] = []
+
+    def add(self, digests: NDArray, labels: NDArray) -> None:
+        order = np.argsort(digests, kind="stable")
+        self.segments.append((digests[order], labels[order]))
+        while len(self.segments) > 1 and \
+                len(self.segments[-2][0]) < 2 * len(self.segments[-1][0]):
+            (d1, l1), (d2, l2) = self.segments[-2], self.segments[-1]
+            d, lab = np.concatenate((d1, d2)), np.concatenate((l1, l2))
+            order = np.argsort(d, kind="stable")
+            self.segments[-2:] = [(d[order], lab[order])]
+
+    def lookup(self, digests: NDArray, found: NDArray, labels: NDArray) -> None:
+        for keys, values in self.segments:
+            pos = np.searchsorted(keys, digests)
+            np.minimum(pos, len(keys) - 1, out=pos)
+            hit = (keys[pos] == digests) & ~found
+            labels[hit] = values[pos[hit]]
+            found |= hit
+
+    def __len__(self) -> int:
+        return sum(len(d) for d, _ in self.segments)
+
+
+class AnswerIndex:
+    """The released answers of one ledger object, by namespace (module docstring).
+
+    ``seen`` is the id of the last block read; ``legacy`` the answers of the ``answers``
+    table of ledgers written before the blocks (keyed as they were: the first 16 bytes of
+    SHA-256(source | mechanism | hash)), read once: that table takes no new rows since.
+    """
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.legacy: _Space | None = None
+        self._spaces: dict[tuple, _Space] = {}
+
+    def add(self, namespace: tuple, digests: NDArray, labels: NDArray) -> None:
+        """Add committed answers of one namespace.
+
+        Args:
+            namespace: (source id, mechanism name, parameters, seeded).
+            digests: their ``S16`` digests.
+            labels: their labels.
+        """
+        if len(digests):
+            self._spaces.setdefault(namespace, _Space()).add(
+                np.asarray(digests, dtype=DIGEST), np.asarray(labels, dtype=np.int64))
+
+    def lookup(self, namespace: tuple, digests: NDArray) -> tuple[NDArray, NDArray]:
+        """The released labels of `digests` in `namespace`.
+
+        Args:
+            namespace: (source id, mechanism name, parameters, seeded).
+            digests: ``S16`` digests.
+
+        Returns:
+            (found, labels): per digest, whether an answer is held and its label.
+        """
+        found = np.zeros(len(digests), dtype=bool)
+        labels = np.zeros(len(digests), dtype=np.int64)
+        space = self._spaces.get(namespace)
+        if space is not None and len(digests):
+            space.lookup(digests, found, labels)
+        return found, labels
+
+    def catch_up(self, store) -> None:
+        """Read the blocks committed after ``seen`` (inside the write transaction, under the
+        ledger's lock: nothing else is committed until it ends), and the ``answers`` table
+        once.
+
+        Args:
+            store: the ledger's store (its write transaction open).
+
+        Raises:
+            PrivacyError: a damaged block (its arrays disagree with its count).
+        """
+        if self.legacy is None:
+            self.legacy = _Space()
+            rows = store.legacy_answers()
+            if rows:
+                keys = np.array([bytes(k) for k, _ in rows], dtype=DIGEST)
+                self.legacy.add(keys, np.array([int(v) for _, v in rows], dtype=np.int64))
+        groups: dict[tuple, tuple[list, list]] = {}
+        last = self.seen
+        for block_id, source, mechanism, params, seeded, count, digests, labels in \
+                store.blocks_after(self.seen):
+            d = np.frombuffer(bytes(digests), dtype=DIGEST)
+            lab = np.frombuffer(bytes(labels), dtype=BLOCK_INT)
+            if len(d) != int(count) or len(lab) != int(count):
+                raise PrivacyError(f"the ledger {store.name} is damaged: answer block "
+                                   f"{block_id} holds {len(d)} digests and {len(lab)} labels "
+                                   f"for {count} answers")
+            pair = groups.setdefault((source, mechanism, params, bool(seeded)), ([], []))
+            pair[0].append(d)
+            pair[1].append(lab)
+            last = max(last, int(block_id))
+        for namespace, (ds, labs) in groups.items():
+            self.add(namespace, np.concatenate(ds), np.concatenate(labs))
+        self.seen = last
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._spaces.values())
