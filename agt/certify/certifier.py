@@ -20,6 +20,7 @@ import torch
 from agt import interval as iv
 from agt.bounded.layers import rule_for
 from agt.bounded.network import Network
+from agt.certify import prefix_box
 from agt.certify.certificate import Certificate
 from agt.certify.hidden_screen import HiddenLayerScreen
 from agt.certify.margin_screen import LinearMarginScreen
@@ -115,6 +116,10 @@ class Certifier:
             self.ball = torch.as_tensor(bundle.ball_radius, dtype=BOUND_DTYPE, device=self.device)
             self.center_norm = parameter_norm({n: self.nominal[n] for n in self.trainable})
         weight = f"{self.last}.weight"
+        #: the frozen prefix's feature boxes by midpoint-radius products
+        #: (agt/certify/prefix_box.py); False: the interval rules of `Network.feature_boxes`
+        self.midrad_prefix = bool(self.prefix.layers) and prefix_box.supported(
+            self.prefix.layers, self.dtype)
         #: the linear margin screen (agt/certify/margin_screen.py), built on the first search;
         #: False where the model has none
         self._screen: LinearMarginScreen | bool = (
@@ -159,10 +164,16 @@ class Certifier:
         """Inputs of the trainable part for the bound pass: exact, or a widened Interval
         (1, b, ...) behind a frozen prefix (one pass: the bundles of D and D' certify the
         same query batch through the same public prefix, so its features are the same
-        floats in both)."""
+        floats in both). The prefix's box is the midpoint-radius one
+        (agt/certify/prefix_box.py) where it applies (``midrad_prefix``), else the training
+        pass's interval rules (`Network.feature_boxes`); the reference test and the screens
+        all read this one box."""
         if not self.prefix.layers:
             return xq.to(BOUND_DTYPE)
         frozen = {k: v for k, v in self.nominal.items() if k not in self.trainable}
+        if self.midrad_prefix:
+            return prefix_box.feature_boxes(self.prefix.layers, 0, frozen, xq, self.dtype,
+                                            max(1, xq.shape[0]))
         return self.prefix.feature_boxes(frozen, xq, self.fm, max(1, xq.shape[0]))
 
     # -- certification of given (query, box) pairs ------------------------------------------
