@@ -130,7 +130,7 @@ class Certifier:
         #: search; False where the model has none
         self._hidden: HiddenLayerScreen | bool = (
             self._screen is False and self.ball is None and self.trajectory is None
-            and _hidden_screen_fits(self.body, self.lower))
+            and _hidden_screen_fits(self.body, self.lower, self.upper))
 
     # -- inputs and nominal predictions -----------------------------------------------------
     def _check_queries(self, x) -> torch.Tensor:
@@ -492,13 +492,14 @@ class Certifier:
                            b.selection)
 
 
-def _hidden_screen_fits(body: Network, lower: dict[str, torch.Tensor]) -> bool:
+def _hidden_screen_fits(body: Network, lower: dict[str, torch.Tensor],
+                        upper: dict[str, torch.Tensor]) -> bool:
     """Whether the hidden-layer screen covers this trainable part: linear and ReLU layers,
     the first linear, and tables within `HiddenLayerScreen.fits`."""
     layers = body.layers
     return (bool(layers) and layers[0].kind == "linear"
             and all(layer.kind in ("linear", "relu") for layer in layers)
-            and HiddenLayerScreen.fits(lower, body.first))
+            and HiddenLayerScreen.fits(lower, upper, body.first))
 
 
 def _query_magnitude(xq: torch.Tensor) -> torch.Tensor:
