@@ -31,28 +31,26 @@ kernel area; zero padding counts), input box [am - ar, am + ar] (ar = 0 for the 
 Claim: the box holds W y + b for every real y with |y - am| <= ar, and fl_u(W y + b) (the
 served pass, any order) for every such y.
 
-Proof. (i) Target: |W y + b - (W am + b)| <= |W| ar, and the served pass errs by at most
-gamma(n + 1, u)(|W| |y| + |b|) + (n + 1) tiny(u) (Higham Thm 3.1 with the bias as one
-more term), with |y| <= |am| + ar; so both lie within N0 = |W| ar + g0 (|W| (|am| + ar) +
-|b|) + (n + 1) tiny(u) of W am + b, g0 = gamma(n + 2, u). (ii) The midpoint: |mid - (W am
-+ b)| <= gamma(n + 1, v)(|W| |am| + |b|) + (n + 1) tiny64. (iii) The ends: fl64(mid + R) >=
-(mid + R)(1 - v) when mid + R >= 0 and >= mid + R otherwise, so it lies at or above
-mid + R - v (|mid| + R); |mid| <= (1 + g)(|W| |am| + |b|) + A / 4 by (ii), so v |mid| <=
-2 v (|W| |am| + |b|) + A / 4 (the lower end is symmetric). Together the box holds the
-targets if R (1 - v) >= |W| (ar (1 + g) + g |am|) + g |b| + A / 2, since g >= g0 +
-gamma(n + 2, v) + 2 v collects (i)-(iii). (iv) R does: each elementwise float64 operation
-errs by at most v relative (underflow: tiny64 absolute, far inside tiny32), so t >= (ar c1
-+ |am| c2)(1 - v)^2 - 2 tiny64 >= ar (1 + g) + g |am| - 2 tiny64 as (1 + 8 v)(1 - v)^2 >=
-1; the upward cast adds 2^-22 relative and tiny32 against an error of 2^-24 relative, so
-t32 >= t + tiny32 / 2 >= ar (1 + g) + g |am| (the float64 slack included). P is a sum of n
-non-negative products: P >= (1 - gamma(n, 2^-24)) |W| t32 - n tiny32, and c3 >= (1 + 8 v)
-/ (1 - gamma(n + 4, 2^-24)), so fl64((P + |b| c2) c3 + A) >= (|W| t32 + g |b|)(1 + 8 v)
-(1 - v)^3 - 2 n tiny32 + A (1 - v) >= (|W| t32 + g |b|) / (1 - v) + A / 2 / (1 - v), as
-A >= 4 n tiny32 + A / 2 + ... (A holds 4 (n + 4) tiny32). ReLU (exact on the ends,
-monotone) and flatten (a view) map boxes to boxes; the next layer's [am - ar, am + ar]
-holds [lo, hi] (`Interval.midrad`). By induction the last box holds the exact features
-and the served pass's. Non-finite values make a box non-finite, never a small one; the
-certifier refuses any query whose served pass could overflow (`Certifier._fits_dtype`).
+Proof. (i) Targets: |W y + b - (W am + b)| <= |W| ar, and the served pass errs by at most
+gamma(n + 1, u)(|W| |y| + |b|) + (n + 1) tiny(u) (Higham Thm 3.1, the bias one more term),
+|y| <= |am| + ar; so both lie within |W| ar + g0 (|W| (|am| + ar) + |b|) + (n + 1) tiny(u)
+of W am + b, g0 = gamma(n + 2, u). (ii) The midpoint errs by at most gamma(n + 1, v)
+(|W| |am| + |b|) + (n + 1) tiny64. (iii) The ends: fl64(mid + R) >= mid + R - v (|mid| +
+R) (the lower end is symmetric), and v |mid| <= 2 v (|W| |am| + |b|) + tiny64 by (ii).
+Since g >= g0 + gamma(n + 2, v) + 2 v, the box holds both targets once
+    R (1 - v) >= |W| (ar (1 + g) + g |am|) + g |b| + (n + 2)(tiny(u) + tiny64).      (*)
+(iv) R satisfies (*): t errs by v relative per operation and tiny64 per underflow, and
+(1 + 8 v)(1 - v)^2 >= 1, so t >= ar (1 + g) + g |am| - 2 tiny64; the cast rounds
+t (1 + 2^-22) + tiny32 (a normal float32 value) to nearest, at most 2^-24 relative, so
+t32 >= t + tiny32 / 4 >= ar (1 + g) + g |am|. P sums n non-negative products in float32:
+P >= (1 - gamma(n, 2^-24)) |W| t32 - 2 n tiny32. The last four float64 operations err by
+v relative each, and c3 (1 - v)^5 (1 - gamma(n, 2^-24)) >= 1 + 2 v, so R (1 - v) >=
+|W| t32 + g |b| + A (1 - v)^2 - 3 n tiny32, and A (1 - v)^2 - 3 n tiny32 >= (n + 2)
+(tiny(u) + tiny64). ReLU (exact on the ends, monotone) and flatten (a view) map boxes to
+boxes; the next layer's [am - ar, am + ar] holds [lo, hi] (`Interval.midrad`). By
+induction the last box holds the exact features and the served pass's. Non-finite values
+make a box non-finite, never a small one; the certifier refuses any query whose served
+pass could overflow (`Certifier._fits_dtype`).
 
 Which bundles: a float32 served dtype (the radius product in float32 then cannot overflow
 where the dtype does not); a float64 model keeps `Network.feature_boxes`. Determinism: a
