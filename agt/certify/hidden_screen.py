@@ -111,8 +111,9 @@ _TINY32 = float(torch.finfo(torch.float32).tiny)
 _BIG32 = 2.0**64
 #: Safety factor on the error bar: only makes more pairs go to the reference.
 SAFETY = 2.0
-#: Largest first-layer table built (bytes, float64 midpoints, radii and |midpoints| of every
-#: box); beyond it the certifier keeps the reference path.
+#: Largest first-layer table built (bytes, counted as three float64 tables of every box; the
+#: float32 offsets and radii take a third of that); beyond it the certifier keeps the
+#: reference path.
 MAX_TABLE_BYTES = 512 << 20
 #: Magnitudes above this leave a pair to the reference (no overflow in either evaluation).
 _HUGE = 2.0**1000
