@@ -46,6 +46,10 @@ _HIDDEN_ELEMENTS = 1 << 23    # its widest per-query tensors: rows of the first 
 _HIDDEN_SLOTS = 2
 _PREFIX_CHUNK = 512           # queries per chunk behind a frozen prefix: its feature pass
                               # holds (queries x patches x positions) float64 tensors
+# queries per pass of the midpoint-radius prefix box: its unfolded inputs stay in cache
+# (32 rows: 2-3x faster than 512 on the OctMNIST prefix); a fixed number, so a query's
+# floats depend on its chunk only, the same for the bundles of D and D'
+_PREFIX_ROWS = 32
 _U64 = 2.0**-53
 
 
@@ -173,7 +177,7 @@ class Certifier:
         frozen = {k: v for k, v in self.nominal.items() if k not in self.trainable}
         if self.midrad_prefix:
             return prefix_box.feature_boxes(self.prefix.layers, 0, frozen, xq, self.dtype,
-                                            max(1, xq.shape[0]))
+                                            _PREFIX_ROWS)
         return self.prefix.feature_boxes(frozen, xq, self.fm, max(1, xq.shape[0]))
 
     # -- certification of given (query, box) pairs ------------------------------------------

@@ -17,9 +17,9 @@ from agt.certify import prefix_box
 from agt.interval import FloatModel
 from agt.models import parse_layer
 
-PREFIX = [{"conv2d": {"in": 1, "out": 2, "kernel": 2, "stride": 1}}, {"relu": {}},
-          {"conv2d": {"in": 2, "out": 3, "kernel": 2, "stride": 1}}, {"relu": {}},
-          {"flatten": {}}, {"linear": {"in": 12, "out": 4}}]
+PREFIX = [{"conv2d": {"in": 1, "out": 2, "kernel": 2, "stride": 1, "padding": 1}},
+          {"relu": {}}, {"conv2d": {"in": 2, "out": 3, "kernel": 3, "stride": 2}},
+          {"relu": {}}, {"flatten": {}}, {"linear": {"in": 12, "out": 4}}]
 
 
 def _prefix(seed: int):
@@ -69,13 +69,17 @@ def _exact(layers, params, x: torch.Tensor) -> list[list[Fraction]]:
             else:
                 w = np.vectorize(Fraction, otypes=[object])(params[f"{i}.weight"].double().numpy())
                 b = np.vectorize(Fraction, otypes=[object])(params[f"{i}.bias"].double().numpy())
-                k, c_out = layer.kernel, w.shape[0]
-                oh, ow = act.shape[1] - k + 1, act.shape[2] - k + 1
+                k, c_out, st, pad = layer.kernel, w.shape[0], layer.stride, layer.padding
+                if pad:
+                    act = np.pad(act, ((0, 0), (pad, pad), (pad, pad)),
+                                 constant_values=Fraction(0))
+                oh, ow = (act.shape[1] - k) // st + 1, (act.shape[2] - k) // st + 1
                 z = np.empty((c_out, oh, ow), dtype=object)
                 for o in range(c_out):
                     for r in range(oh):
                         for c in range(ow):
-                            z[o, r, c] = (w[o] * act[:, r:r + k, c:c + k]).sum() + b[o]
+                            patch = act[:, r * st:r * st + k, c * st:c * st + k]
+                            z[o, r, c] = (w[o] * patch).sum() + b[o]
                 act = z
         out.append(list(act.reshape(-1)))
     return out
@@ -98,9 +102,11 @@ def _served_orders(layers, params, x: torch.Tensor) -> list[torch.Tensor]:
                 w = params[f"{i}.weight"].numpy()
                 b = params[f"{i}.bias"].numpy()
                 if layer.kind == "conv2d":
-                    k = layer.kernel
-                    oh, ow = act.shape[2] - k + 1, act.shape[3] - k + 1
-                    cols = np.stack([act[:, :, r:r + k, c:c + k].reshape(act.shape[0], -1)
+                    k, st, pad = layer.kernel, layer.stride, layer.padding
+                    act = np.pad(act, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+                    oh, ow = (act.shape[2] - k) // st + 1, (act.shape[3] - k) // st + 1
+                    cols = np.stack([act[:, :, r * st:r * st + k, c * st:c * st + k]
+                                     .reshape(act.shape[0], -1)
                                      for r in range(oh) for c in range(ow)], 1)  # (b, L, CKK)
                     terms = cols[:, :, None, :] * w.reshape(w.shape[0], -1)[None, None]
                 else:
