@@ -82,7 +82,9 @@ covering both; underflow tiny32 per term and per rounded input):
   and adds 2 gamma(n, u64) T0 + 2 max(ar) colsum(br_k)), d_mag = 2 gamma(n, u64) A0 + Rb +
   d_rad (|am| |bm_k| lies within |am| br_k of |am| |bm_0|), with under = tiny32 (colsum br_k
   + 2 |am|_1) + 2 n (tiny32 + tiny64). A first-layer input above 2^64 (float32 copies could
-  overflow) or a non-finite estimate leaves the pair to the reference.
+  overflow) or a non-finite estimate leaves the pair to the reference. The float32
+  bounds need IEEE float32 products: the certifier runs the screen under
+  `agt.tensors.strict_kernels` (no TF32 on CUDA, no bf16 in oneDNN's matmuls).
 
 Overflow: the argument needs finite intermediates; a pair whose magnitudes exceed 2^1000
 (or give inf/nan anywhere: comparisons with nan are false) is left to the reference.

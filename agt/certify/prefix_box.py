@@ -52,6 +52,9 @@ induction the last box holds the exact features and the served pass's. Non-finit
 make a box non-finite, never a small one; the certifier refuses any query whose served
 pass could overflow (`Certifier._fits_dtype`).
 
+The float32 product's bound needs IEEE float32 arithmetic: the certifier runs it under
+`agt.tensors.strict_kernels` (no TF32 on CUDA, no bf16 in oneDNN's matmuls).
+
 Which bundles: a float32 served dtype (the radius product in float32 then cannot overflow
 where the dtype does not); a float64 model keeps `Network.feature_boxes`. Determinism: a
 record's floats depend on the query chunk only, the same in the runs on D and D' (the
