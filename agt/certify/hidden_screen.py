@@ -202,6 +202,10 @@ class HiddenLayerScreen:
         for k, count in enumerate(counts):
             if not count:
                 continue
+            if count == Q:                      # one box for all (the search's 1st step)
+                torch.matmul(am32, self.d32[k], out=dk)
+                torch.matmul(abs_am32, self.br32[k], out=rk)
+                break
             rows = order[start:start + count]
             start += count
             dk[rows] = am32.index_select(0, rows) @ self.d32[k]
