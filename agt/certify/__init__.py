@@ -26,13 +26,19 @@ Who decides what (every decision, and so every radius, is the reference's):
                     reference test; proven to agree with the reference.
   hidden_screen.py  trainable linear and ReLU layers with a hidden layer (exact inputs or a
                     frozen prefix's feature boxes): evaluates the reference's formulas with
-                    the first layer's products shared by all queries of a box, with a
-                    rigorous bound on its distance to the reference's computed bound;
+                    the first layer's products shared by all queries of a box (float32,
+                    around box 0's midpoint), with a rigorous bound on its distance to
+                    the reference's computed bound;
                     decides a pair where that bound allows and hands every other pair to
                     the reference test; proven to agree with the reference.
                     Other models (convolutions in the trainable part, a prefix followed by
                     a single linear layer, a stability ball, a trajectory bound): the
                     reference decides every pair.
+  prefix_box.py     the feature boxes behind a frozen float32 prefix (linear, conv2d, ReLU,
+                    flatten): one float64 midpoint product and one float32 radius product
+                    per layer with a rigorous rounding radius (Rump's midpoint-radius
+                    arithmetic, Higham's bound); the reference and both screens read the
+                    same box, so it decides nothing by itself.
   certificate.py    `Certificate`: the owner-only result.
 
 A Certificate is owner-only (radii are deterministic functions of the private data); it

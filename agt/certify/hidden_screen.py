@@ -5,8 +5,8 @@ The reference (`agt.certify.Certifier.margin_lower_bound`) carries each query th
 own copy of its box: per query and step it gathers the first layer's weight box and takes
 Rump's midpoint-radius product (agt/interval.py, `matmul`) of one row with it. The screen
 evaluates the same formulas, with the first layer's products taken as matrix products of
-all the queries tested at box k (the box's midpoint, radius and |midpoint| computed once
-per k), and carries a rigorous bound on how far its result can lie from the reference's.
+all the queries tested at box k (in float32, around box 0's midpoint, below), and carries
+a rigorous bound on how far its result can lie from the reference's.
 
 Notation. A linear layer of fan-in n maps an input box [l, h] (per query) and the weight
 box [bm - br, bm + br] (its midpoint and radius, computed from the box by elementwise
@@ -60,6 +60,31 @@ plus their own rounding. Induction over the layers on a per-unit bound e_out wit
 * Where the screen takes a bracket for a term instead of the term (the reference's ar M
   for an exact input, between 0 and tiny colsum(M) up to underflow; the screen takes 0),
   the bracket's width times (1 + 2 c) (it enters rad and, through mag, w) is added to e.
+* The first layer's products (below) differ from the exact mid, rad and mag of the
+  reference's floats by at most d_mid, d_rad and d_mag; the ends (and the bias's
+  widening) move by at most (1 + 2 c)(d_mid + d_rad + c d_mag), added to e, and m is the
+  screen's mag + d_mag (so it bounds the reference's).
+
+The first layer in float32 around box 0. Boxes nest (box 0 inside box k, checked by
+`fits`), so box 0's midpoint bm_0 lies in box k and d_k = bm_k - bm_0 has |d_k| <= br_k.
+Per chunk, in float64: P0 = am bm_0, A0 = |am| |bm_0| and (interval inputs) T0 = ar |bm_0|;
+per step and box, in float32 (u32 = 2^-24; half the cost of float64, and the errors are
+relative to the radius-sized d_k and br_k, not to the magnitudes): D = am d_k and
+R = |am| br_k, from float32 copies of am, d_k and br_k (each rounded once, relative u32,
+below tiny32 absolutely). The screen takes mid = P0 + D, rad = R (+ T0), mag = A0 + rad.
+By Higham Thm 3.1 for each product (n terms, plus the input roundings, gamma(n + 4, u32)
+covering both; underflow tiny32 per term and per rounded input):
+  |am| br_k <= Rb = (R + n tiny32)(1 + 2 gamma(n + 4, u32))(1 + 4 u32)
+                    + 2 tiny32 (colsum br_k + |am|_1),
+  d_mid = 2 gamma(n, u64) A0 + gamma(n + 4, u32) Rb + under,  d_rad = gamma(n + 4, u32) Rb
+  + under (+ for interval inputs: the reference's ar M_k lies in [ar |bm_0|, ar |bm_0| +
+  2 ar br_k], since |bm_0| <= M_k = |bm_k| + br_k <= |bm_0| + 2 br_k; the screen takes T0,
+  and adds 2 gamma(n, u64) T0 + 2 max(ar) colsum(br_k)), d_mag = 2 gamma(n, u64) A0 + Rb +
+  d_rad (|am| |bm_k| lies within |am| br_k of |am| |bm_0|), with under = tiny32 (colsum br_k
+  + 2 |am|_1) + 2 n (tiny32 + tiny64). A first-layer input above 2^64 (float32 copies could
+  overflow) or a non-finite estimate leaves the pair to the reference. The float32
+  bounds need IEEE float32 products: the certifier runs the screen under
+  `agt.tensors.strict_kernels` (no TF32 on CUDA, no bf16 in oneDNN's matmuls).
 
 Overflow: the argument needs finite intermediates; a pair whose magnitudes exceed 2^1000
 (or give inf/nan anywhere: comparisons with nan are false) is left to the reference.
@@ -82,10 +107,15 @@ from agt.models import LayerSpec
 
 _U64 = 2.0**-53
 _TINY64 = torch.finfo(torch.float64).tiny
+_U32 = 2.0**-24
+_TINY32 = float(torch.finfo(torch.float32).tiny)
+#: Largest |input| of the first layer the float32 products take (else the reference decides)
+_BIG32 = 2.0**64
 #: Safety factor on the error bar: only makes more pairs go to the reference.
 SAFETY = 2.0
-#: Largest first-layer table built (bytes, float64 midpoints, radii and |midpoints| of every
-#: box); beyond it the certifier keeps the reference path.
+#: Largest first-layer table built (bytes, counted as three float64 tables of every box; the
+#: float32 offsets and radii take a third of that); beyond it the certifier keeps the
+#: reference path.
 MAX_TABLE_BYTES = 512 << 20
 #: Magnitudes above this leave a pair to the reference (no overflow in either evaluation).
 _HUGE = 2.0**1000
@@ -129,65 +159,93 @@ class HiddenLayerScreen:
         w_t = Interval(lower[f"{first}.weight"].to(BOUND_DTYPE).transpose(1, 2),
                        upper[f"{first}.weight"].to(BOUND_DTYPE).transpose(1, 2))
         bm, br = w_t.midrad()                       # (K, in, out): the reference's floats
-        self.bm = bm.contiguous()
-        abs_bm = bm.abs()
-        #: |am| is multiplied by both: one product (K, in, 2 out)
-        self.br_abs = torch.cat([br, abs_bm], 2).contiguous()
-        #: colsum of M = |bm| + br, for the reference's tiny-radius term of exact inputs
-        self.m_colsum = (abs_bm + br).sum(1)        # (K, out)
         self.n_in = int(bm.shape[1])
+        #: box 0's midpoint (float64) and every box's offset from it and radius (float32):
+        #: the per-step products (module docstring, "The first layer in float32")
+        self.bm0 = bm[0].contiguous()
+        self.abs_bm0 = bm[0].abs().contiguous()
+        self.d32 = (bm - bm[:1]).to(torch.float32).contiguous()
+        self.br32 = br.to(torch.float32).contiguous()
+        #: column sums of the radii and of M = |bm| + br (upper bounds: non-negative sums
+        #: of n terms rounded up by their a-priori bound)
+        up = 1.0 + 2.0 * gamma(self.n_in + 2, _U64)
+        self.br_colsum = br.sum(1) * up + self.n_in * _TINY64            # (K, out)
+        self.m_colsum = (bm.abs() + br).sum(1) * up + self.n_in * _TINY64
         bias = f"{first}.bias"
         self.bias = (Interval(lower[bias].to(BOUND_DTYPE), upper[bias].to(BOUND_DTYPE))
                      if bias in lower else None)
 
     @staticmethod
-    def fits(lower: dict[str, torch.Tensor], first: int) -> bool:
+    def fits(lower: dict[str, torch.Tensor], upper: dict[str, torch.Tensor],
+             first: int) -> bool:
         """Whether the first layer's tables stay under `MAX_TABLE_BYTES` (an ensemble keeps
-        one per teacher)."""
-        K, out, n_in = lower[f"{first}.weight"].shape
-        return 3 * K * out * n_in * 8 <= MAX_TABLE_BYTES
+        one per teacher) and its weight boxes hold box 0 (the offsets' bound |bm_k - bm_0|
+        <= br_k needs it; a validated bundle's boxes are nested in k)."""
+        name = f"{first}.weight"
+        K, out, n_in = lower[name].shape
+        nested = bool((lower[name] <= lower[name][:1]).all()
+                      and (upper[name] >= upper[name][:1]).all())
+        return nested and 3 * K * out * n_in * 8 <= MAX_TABLE_BYTES
 
     # -- the first layer: products shared by the queries of a box ---------------------------
-    def _first_layer(self, am, abs_am, ar, box, fm):
+    def _first_layer(self, parts, box, fm):
         """(screen's box (Q, 1, out) after the first layer and its bias, e, m) with the
-        notation of the module docstring; ``ar`` None for exact inputs."""
-        Q = am.shape[0]
-        out = self.bm.shape[2]
-        mid = am.new_empty(Q, out)
-        rad = am.new_empty(Q, out)
-        mag = am.new_empty(Q, out)
+        notation of the module docstring."""
+        am32, abs_am32, p0, a0, t0, l1, ar_max, ok = parts
+        Q = am32.shape[0]
+        out = self.bm0.shape[1]
+        dk = am32.new_empty(Q, out)
+        rk = am32.new_empty(Q, out)
         order = torch.argsort(box)
-        counts = torch.bincount(box, minlength=self.bm.shape[0]).tolist()
+        counts = torch.bincount(box, minlength=self.d32.shape[0]).tolist()
         start = 0
         for k, count in enumerate(counts):
             if not count:
                 continue
+            if count == Q:                      # one box for all (the search's 1st step)
+                torch.matmul(am32, self.d32[k], out=dk)
+                torch.matmul(abs_am32, self.br32[k], out=rk)
+                break
             rows = order[start:start + count]
             start += count
-            a = am.index_select(0, rows)
-            both = abs_am.index_select(0, rows) @ self.br_abs[k]       # (q, 2 out)
-            r = both[:, :out]
-            if ar is not None:
-                r = r + ar.index_select(0, rows) @ (self.br_abs[k, :, out:]
-                                                    + self.br_abs[k, :, :out])
-            mid[rows] = a @ self.bm[k]
-            rad[rows] = r
-            mag[rows] = both[:, out:] + r
+            dk[rows] = am32.index_select(0, rows) @ self.d32[k]
+            rk[rows] = abs_am32.index_select(0, rows) @ self.br32[k]
         n = self.n_in
-        # the reference's ar M for an exact input: ar = tiny, so 0 <= ar M <= tiny colsum(M)
-        # up to underflow; the screen takes 0 and puts the bracket into e
-        slack = (self.m_colsum.index_select(0, box) * _TINY64 * (1.0 + 1e-6) + n * _TINY64
-                 if ar is None else 0.0)
+        g32 = gamma(n + 4, _U32)
+        br_cs = self.br_colsum.index_select(0, box)
+        under = _TINY32 * (br_cs + 2.0 * l1[:, None]) + 2 * n * (_TINY32 + _TINY64)
+        rk = rk.to(BOUND_DTYPE)
+        # an upper bound on the exact |am| br_k from the float32 product
+        rb = ((rk + n * _TINY32) * ((1.0 + 2.0 * g32) * (1.0 + 4 * _U32))
+              + 2 * _TINY32 * (br_cs + l1[:, None]))
+        d_mid = 2.0 * gamma(n, _U64) * a0 + g32 * rb + under
+        d_rad = g32 * rb + under
+        mid = p0 + dk.to(BOUND_DTYPE)
+        rad = rk
+        if t0 is None:
+            # the reference's ar M for an exact input: ar = tiny, so 0 <= ar M <= tiny
+            # colsum(M) up to underflow; the screen takes 0 and brackets it
+            d_rad = d_rad + self.m_colsum.index_select(0, box) * _TINY64 + n * _TINY64
+        else:
+            # ar M_k lies in [ar |bm_0|, ar |bm_0| + 2 ar br_k] (|bm_k - bm_0| <= br_k);
+            # the screen takes ar |bm_0| (float64, once per chunk)
+            rad = rad + t0
+            d_rad = (d_rad + 2.0 * gamma(n, _U64) * t0 + 2.0 * ar_max[:, None] * br_cs
+                     + 2 * n * _TINY64)
+        mag = a0 + rad
+        d_mag = 2.0 * gamma(n, _U64) * a0 + rb + d_rad + 2 * n * _TINY64
         g = self.k_values.index_select(0, box)[:, None]
         c = fm.coeff(n) + GRADE_FACTOR * g * fm.coeff64(n)
         z = fm.widen(mid - rad, mid + rad, mag, n)
-        m = mag
+        m = mag + d_mag
         if self.bias is not None:
             b = Interval(self.bias.lo.index_select(0, box), self.bias.hi.index_select(0, box))
             z = iv.add(z, b, fm)
             c = c + fm.coeff(1) + GRADE_FACTOR * g * fm.coeff64(1)
             m = m + b.magnitude()
-        e = _rho(n, c) * m + _abs(n) + slack * (1.0 + 2.0 * c)
+        moved = (1.0 + 2.0 * c) * (d_mid + d_rad + c * d_mag) * (1.0 + 1e-6)
+        e = _rho(n, c) * m + _abs(n) + moved
+        e = torch.where(ok[:, None], e, torch.full_like(e, torch.inf))
         return z.map(lambda t: t.unsqueeze(1)), e, m
 
     # -- further layers: the reference's code on the screen's boxes ---------------------------
@@ -241,13 +299,24 @@ class HiddenLayerScreen:
 
     # -- the screen ---------------------------------------------------------------------------
     def prepare(self, feats) -> tuple:
-        """The per-chunk parts of the first layer's input: (am, |am|, ar or None) with the
-        reference's floats; ``feats`` exact (Q, in) or the prefix's Interval (1, Q, in)."""
+        """The per-chunk parts of the first layer's input (module docstring): its float32
+        copies, the float64 products with box 0's midpoint, and the magnitudes of its
+        bracket terms; ``feats`` exact (Q, in) or the prefix's Interval (1, Q, in)."""
         if isinstance(feats, Interval):
             am, ar = Interval(feats.lo[0], feats.hi[0]).midrad()
-            return am, am.abs(), ar
-        x = feats.to(BOUND_DTYPE)
-        return x, x.abs(), None
+        else:
+            am, ar = feats.to(BOUND_DTYPE), None
+        abs_am = am.abs()
+        p0 = am @ self.bm0
+        a0 = abs_am @ self.abs_bm0
+        t0 = ar_max = None
+        if ar is not None:
+            t0 = ar @ self.abs_bm0
+            ar_max = ar.amax(1) if ar.shape[1] else ar.new_zeros(ar.shape[0])
+        # float32 copies stay finite and their rounding relative (or below tiny32)
+        ok = (abs_am.amax(1) if am.shape[1] else am.new_zeros(am.shape[0])) <= _BIG32
+        l1 = abs_am.sum(1) * (1.0 + 2.0 * gamma(self.n_in + 2, _U64)) + self.n_in * _TINY64
+        return (am.to(torch.float32), abs_am.to(torch.float32), p0, a0, t0, l1, ar_max, ok)
 
     def estimate(self, parts: tuple, pred: torch.Tensor,
                  box: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,9 +328,8 @@ class HiddenLayerScreen:
             pred: (Q,) predicted classes.
             box: (Q,) box indices.
         """
-        am, abs_am, ar = parts
         fm = self.fm.graded(self.k_values.index_select(0, box))
-        h, e, m = self._first_layer(am, abs_am, ar, box, fm)
+        h, e, m = self._first_layer(parts, box, fm)
         worst = m.max(1).values
         for idx, layer in self.body[1:]:
             if layer.kind == "relu":
@@ -274,7 +342,9 @@ class HiddenLayerScreen:
         bias_name = f"{self.last}.bias"
         bias = self._box(bias_name, box) if bias_name in self.lower else None
         est = self.head(h.map(lambda t: t[:, 0]), pred, W, bias, fm)
-        err = torch.where(worst < _HUGE, err, torch.full_like(err, torch.inf))
+        # overflow anywhere, or a non-finite estimate: the reference decides
+        err = torch.where((worst < _HUGE) & torch.isfinite(est), err,
+                          torch.full_like(err, torch.inf))
         return est, err
 
     def decide(self, parts: tuple, pred: torch.Tensor,

@@ -198,3 +198,19 @@ def test_screened_search_on_cuda_decides_as_the_reference_on_cuda(case):
     reference = c.certify(x)
     assert np.array_equal(screened.radius, reference.radius)
     assert np.array_equal(screened.prediction, reference.prediction)
+
+
+def test_a_bar_without_the_float32_products_rounding_is_caught(monkeypatch):
+    """The first layer's per-step products are float32 (module docstring): with their
+    rounding left out of the bar (u32 = 0) the estimate leaves it on the same queries as
+    the test above (float64 digits), so that test can fail."""
+    b, x = _bundle_and_queries("ten classes")
+    c = Certifier(b)
+    monkeypatch.setattr(hidden_screen, "_U32", 0.0)
+    queries = np.concatenate([x[:80], x[:20] * 1e3, x[:20] * 1e-3])
+    escaped = 0
+    for j in range(0, len(c.k_values), 4):
+        est, err, feats, pred = _estimate(c, queries, j)
+        ref = _reference_bound(c, feats, pred, torch.full_like(pred, j))
+        escaped += int(((ref - est).abs() > err).sum())
+    assert escaped > 0
