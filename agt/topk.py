@@ -69,6 +69,10 @@ allowance of the worst batch size within distance k (`nesting_allowance`). The p
   are kept and merged at once: a buffer's k values meet a selection once per merge, not
   once per fragment. The bounds are the ones `OuterBounds.values` gives, value for value, so the
   multisets are those of the path above (the merge lemma holds in any grouping).
+  Off the CPU (and on it under AGT_FACTORED_MERGE=torch) the torch merge
+  (`agt.topk_torch`) takes the factors instead: blocks of output units, inputs and samples
+  formed on the device by `OuterBounds.block`, one ``topk`` per block for every box of the
+  group; the same multisets (its module docstring).
 
 Ideas of the issue not kept (benchmarks/bench_imdb.py, bench_heatmap.py): thresholds from the
 nominal order statistics (the variational form is equal to exact only at a threshold between
@@ -223,10 +227,15 @@ def select(ws: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
 #: the same multisets; the tests run the accumulator under each.
 FUSED_ON_CPU = True
 _FUSED_DTYPES = (torch.float32, torch.float64)
+_FACTORED_ENV = os.environ.get("AGT_FACTORED_MERGE", "").strip().lower()
 #: CPU merges of factored bounds (`DescentAccumulator.add_outer`) through the torch merge
 #: (`agt.topk_torch`, what every other device runs) instead of the compiled kernel: for
 #: tests and comparisons. Set by the environment variable AGT_FACTORED_MERGE=torch.
-FACTORED_TORCH_ON_CPU = os.environ.get("AGT_FACTORED_MERGE", "").strip().lower() == "torch"
+FACTORED_TORCH_ON_CPU = _FACTORED_ENV == "torch"
+#: No factored merge on any device: linear layers' bounds are materialised by row chunks and
+#: added (the path before factored bounds; for comparisons).
+#: Set by AGT_FACTORED_MERGE=materialise.
+FACTORED_OFF = _FACTORED_ENV == "materialise"
 
 #: The block prefilter of the merges (`block_pool`); False: the plain path everywhere (the
 #: tests compare both ways).
@@ -436,7 +445,7 @@ class DescentAccumulator:
         """Which merge takes factored bounds on ``values``' device: "torch"
         (`agt.topk_torch`) off the CPU, and on the CPU under FACTORED_TORCH_ON_CPU; else
         "compiled" (`agt.topk_kernel`) where it runs; else None (the caller materialises)."""
-        if values.dtype not in _FUSED_DTYPES:
+        if FACTORED_OFF or values.dtype not in _FUSED_DTYPES:
             return None
         if values.device.type != "cpu" or FACTORED_TORCH_ON_CPU:
             return "torch"
