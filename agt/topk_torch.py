@@ -45,10 +45,15 @@ dtype). Their error is at most gamma_{n-1}(2^-53) times the sum of the magnitude
 a-priori allowance `agt.topk.rounding_allowance` charged for *any* order, which is all that
 the soundness and the nesting arguments of agt/topk.py use: a bound from this path lies within
 the same allowance of the same real number as the reference's, so it is sound and nests as
-the reference's does. The two computed bounds differ by at most the two sums' order
-difference (2 gamma_{n-1} n gamma / b each side); neither need contain the other, and no
-extra padding is added, since a path-dependent padding would break the nesting argument
-(the tests check equal multisets, bit-equal top-k sums and the order bound on the gap).
+the reference's does. (A sum over blocks and sample chunks is still one summation tree of
+the n values: each block's sum is a tree, and adding it to the running sum joins the trees;
+the bound gamma_{h} sum |x| for a tree of height h <= n - 1 covers it.) The two computed
+bounds therefore lie apart by at most the two sums' errors, 2 gamma_{n-1} n gamma / b (plus
+the plain path's compute-dtype blocks where it is the reference), and the rounding of the
+three final operations; neither need contain the other at the last bit, and no padding is
+added to force it: a path-dependent padding would enter the nesting argument (D and D' at
+distance k must carry the same allowance). The tests check equal multisets, bit-equal
+top-k sums, and the gap against that bound.
 """
 
 from __future__ import annotations
