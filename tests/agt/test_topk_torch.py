@@ -228,7 +228,7 @@ def test_cuda_training_takes_the_torch_merge_and_matches_the_cpu_bundle():
     devices may round apart, so the boxes are compared through what they must contain)."""
     import agt.topk_torch as topk_torch
     from agt.training import train
-    from tests.helpers import MLP, blobs, config, inside
+    from tests.helpers import MLP, assert_each_holds_the_others_nominal, blobs, config
 
     ds = blobs(300, seed=4)
     settings = dict(n_epochs=2, k_values=[0, 1, 3, 10, 60], fragment_size=70)
@@ -246,11 +246,4 @@ def test_cuda_training_takes_the_torch_merge_and_matches_the_cpu_bundle():
     finally:
         topk_torch.merge_outer = real
     assert calls
-    runs = {"cpu": cpu, "cuda": gpu}
-    for a, b in (("cpu", "cuda"), ("cuda", "cpu")):
-        nominal = {k: v.cpu() for k, v in runs[a].nominal.items()}
-        lower = {k: v.cpu() for k, v in runs[b].lower.items()}
-        upper = {k: v.cpu() for k, v in runs[b].upper.items()}
-        for j in range(1, len(runs[b].k_values)):
-            ok, why = inside(nominal, lower, upper, j)
-            assert ok, f"{a}'s nominal, {b}'s boxes: {why}"
+    assert_each_holds_the_others_nominal({"cpu": cpu, "cuda": gpu})
