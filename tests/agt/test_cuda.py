@@ -23,18 +23,8 @@ from agt.certify import Certifier
 from agt.store import from_result
 from agt.tensors import strict_kernels
 from agt.training import train, train_nominal
-from tests.helpers import (
-    CONV,
-    MLP,
-    assert_each_holds_the_others_nominal,
-    blobs,
-    classes,
-    config,
-    images,
-    inside,
-    logits,
-    with_train,
-)
+from tests import helpers
+from tests.helpers import CONV, MLP, blobs, classes, config, images, inside, logits, with_train
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
@@ -60,7 +50,7 @@ def test_each_device_nominal_lies_inside_the_other_devices_boxes(name, model, fr
     ds = make()
     runs = {dev: train(_config(model, frozen, dev, dtype, **settings), ds)
             for dev in ("cpu", "cuda")}
-    assert_each_holds_the_others_nominal(runs, f"{name} {dtype}: ")
+    helpers.assert_each_holds_the_others_nominal(runs, f"{name} {dtype}: ")
 
 
 def _neighbour(ds, j: int, rng: np.random.Generator):
