@@ -19,6 +19,12 @@ import torch
 WORK_ELEMENTS = 1 << 21
 #: bytes of the top-k selection buffers of one interval pass
 BUFFER_BYTES = 768 << 20
+#: values of one block of factored bounds formed by the torch merge (`agt.topk_torch`, the
+#: GPU's path), every box together: the block's bounds and its selection workspace, in the
+#: training dtype (2^24: 128 MiB in float64; the clamp, sum and topk temporaries a few times
+#: that).
+#: The records of a fragment (the config's ``fragment_size``) bound the factors instead.
+FACTORED_BLOCK_ELEMENTS = 1 << 24
 
 
 @dataclass(frozen=True)

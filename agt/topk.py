@@ -69,6 +69,10 @@ allowance of the worst batch size within distance k (`nesting_allowance`). The p
   are kept and merged at once: a buffer's k values meet a selection once per merge, not
   once per fragment. The bounds are the ones `OuterBounds.values` gives, value for value, so the
   multisets are those of the path above (the merge lemma holds in any grouping).
+  Off the CPU (and on it under AGT_FACTORED_MERGE=torch) the torch merge
+  (`agt.topk_torch`) takes the factors instead: blocks of output units, inputs and samples
+  formed on the device by `OuterBounds.block`, one ``topk`` per block for every box of the
+  group; the same multisets (its module docstring).
 
 Ideas of the issue not kept (benchmarks/bench_imdb.py, bench_heatmap.py): thresholds from the
 nominal order statistics (the variational form is equal to exact only at a threshold between
@@ -223,6 +227,15 @@ def select(ws: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
 #: the same multisets; the tests run the accumulator under each.
 FUSED_ON_CPU = True
 _FUSED_DTYPES = (torch.float32, torch.float64)
+_FACTORED_ENV = os.environ.get("AGT_FACTORED_MERGE", "").strip().lower()
+#: CPU merges of factored bounds (`DescentAccumulator.add_outer`) through the torch merge
+#: (`agt.topk_torch`, what every other device runs) instead of the compiled kernel: for
+#: tests and comparisons. Set by the environment variable AGT_FACTORED_MERGE=torch.
+FACTORED_TORCH_ON_CPU = _FACTORED_ENV == "torch"
+#: No factored merge on any device: linear layers' bounds are materialised by row chunks and
+#: added (the path before factored bounds; for comparisons).
+#: Set by AGT_FACTORED_MERGE=materialise.
+FACTORED_OFF = _FACTORED_ENV == "materialise"
 
 #: The block prefilter of the merges (`block_pool`); False: the plain path everywhere (the
 #: tests compare both ways).
@@ -418,14 +431,25 @@ class DescentAccumulator:
 
     def takes_outer(self, outer) -> bool:
         """Whether `add_outer` takes these factored bounds (`agt.bounded.layers.OuterBounds`,
-        every row of this parameter): the compiled merge runs here (CPU, numba) and their
-        dtype is the buffers'. Otherwise the caller adds `OuterBounds.values` by rows."""
+        every row of this parameter): their dtype is the buffers', and a factored merge runs
+        here (`_factored_merge`). Otherwise the caller adds `OuterBounds.values` by rows."""
         groups = (1, self.sum_lo.shape[0])
         return (outer.a.dtype == self.dtype and outer.d_lo.dtype == self.dtype
                 and (outer.exact or (outer.a_hi.dtype == self.dtype and outer.a.dim() == 3
                                      and outer.a.shape[0] in groups))
                 and outer.in_features * outer.d_lo.shape[1] == self.sum_lo.shape[1]
-                and outer.d_lo.shape[0] in groups and self._fused(outer.a))
+                and outer.d_lo.shape[0] in groups and outer.a.device == self.sum_lo.device
+                and self._factored_merge(outer.a) is not None)
+
+    def _factored_merge(self, values: torch.Tensor) -> str | None:
+        """Which merge takes factored bounds on ``values``' device: "torch"
+        (`agt.topk_torch`) off the CPU, and on the CPU under FACTORED_TORCH_ON_CPU; else
+        "compiled" (`agt.topk_kernel`) where it runs; else None (the caller materialises)."""
+        if FACTORED_OFF or values.dtype not in _FUSED_DTYPES:
+            return None
+        if values.device.type != "cpu" or FACTORED_TORCH_ON_CPU:
+            return "torch"
+        return "compiled" if self._fused(values) else None
 
     def add_outer(self, outer) -> None:
         """Add one fragment's per-sample weight bounds of a linear layer, given as factors
@@ -455,9 +479,12 @@ class DescentAccumulator:
         """Merge the factored bounds kept by `add_outer` (nothing to do if none are kept)."""
         if not self._pending:
             return
-        from agt import topk_kernel
         G = self.sum_lo.shape[0]
         pending, self._pending, self._pending_bytes = self._pending, [], 0
+        if self._factored_merge(pending[0].a) != "compiled":   # the torch merge runs anywhere
+            self._flush_torch(pending)
+            return
+        from agt import topk_kernel
         exact = pending[0].exact
         d_lo = torch.cat([o.d_lo.expand(G, -1, -1) for o in pending], -1)
         d_hi = torch.cat([o.d_hi.expand(G, -1, -1) for o in pending], -1)
@@ -480,6 +507,29 @@ class DescentAccumulator:
             _by_row_ranges(lambda i0, i1: topk_kernel.merge_outer(
                 lo, hi, x_lo, x_hi, (i0, i1), bufs[0], bufs[1], s_lo, s_hi, self.gamma),
                 in_f, self.sum_lo.shape[1] * n)
+
+    def _flush_torch(self, pending: list) -> None:
+        """`flush` by the torch merge (`agt.topk_torch.merge_outer`): the kept fragments'
+        factors joined along the samples, merged block by block on their device (blocks of
+        at most `agt.memory.FACTORED_BLOCK_ELEMENTS` values per box)."""
+        from agt import memory, topk_torch
+        from agt.bounded.layers import OuterBounds
+        G = self.sum_lo.shape[0]
+        d_groups = max(int(o.d_lo.shape[0]) for o in pending)
+        d_lo = torch.cat([o.d_lo.expand(d_groups, -1, -1) for o in pending], -1)
+        d_hi = torch.cat([o.d_hi.expand(d_groups, -1, -1) for o in pending], -1)
+        if pending[0].exact:
+            joined = OuterBounds(d_lo, d_hi, torch.cat([o.a for o in pending], -1))
+        else:
+            a_groups = max(int(o.a.shape[0]) for o in pending)
+            joined = OuterBounds(d_lo, d_hi,
+                                 torch.cat([o.a.expand(a_groups, -1, -1) for o in pending], -1),
+                                 torch.cat([o.a_hi.expand(a_groups, -1, -1) for o in pending],
+                                           -1))
+        if d_groups not in (1, G):
+            raise SoundnessError(f"internal: factors of {d_groups} boxes for {G} buffers")
+        topk_torch.merge_outer(joined, self.top_lo, self.low_hi, self.sum_lo, self.sum_hi,
+                               self.gamma, memory.FACTORED_BLOCK_ELEMENTS)
 
     def add(self, start: int, stop: int, grads: Interval) -> None:
         """grads: Interval (G or 1, stop - start, f) of per-sample gradient bounds of the

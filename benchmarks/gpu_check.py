@@ -11,13 +11,18 @@ Stages, each recorded in the JSON as soon as it ends (so a run cut short keeps w
    screened-vs-reference search on the GPU; tests/agt/test_cuda.py: CUDA- and CPU-trained bundles
    of one config each hold the other's nominal parameters in their k >= 1 boxes; a
    CUDA-trained bundle survives retraining on neighbours, on both devices; strict kernels
-   active and restored) and the strict-kernel tests, which then take their CUDA branch.
+   active and restored), the torch merge of factored bounds on the GPU against the CPU's
+   reference multisets (tests/agt/test_topk_torch.py, marked ``cuda``) and the strict-kernel
+   tests, which then take their CUDA branch.
 3. imdb: the IMDB head (configs/imdb.yaml: MLP 768-100-1, sgdm, 3 full-batch steps,
    float32) on generated data of the paper's size (25,000 x 768 by default), k grid
    {0, 10, 100, 1000}: nominal training and AGT training on CUDA and on the CPU, AGT time
    per k relative to nominal on the same device, and certifying 5,000 queries (with the
    hidden-layer screen; on 300 of them also with it switched off, radii compared; on CUDA
-   the CPU's radii and predictions for the same bundle, as the fraction that agree).
+   the CPU's radii and predictions for the same bundle, as the fraction that agree). On
+   CUDA the AGT training takes the factored exact rule's torch merge (agt/topk_torch.py);
+   a second AGT training with every bound materialised (AGT_FACTORED_MERGE=materialise,
+   the path before it) gives its time per k and how far the two bundles' boxes lie apart.
 4. octmnist: the OctMNIST head (configs/octmnist.yaml: a frozen conv prefix, dense head
    3200-100-1, sgdm with Nesterov, 4 full-batch steps) on generated 28 x 28 images (a subset
    of the paper's 97,477 by default, to fit the check's time), k grid {0, 10, 100}: the same
@@ -73,7 +78,10 @@ def run_tests(out_dir: Path) -> dict:
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
          f"--junitxml={report}", "tests/agt/test_cuda.py", "tests/agt/test_strict_kernels.py",
          "tests/agt/test_hidden_screen.py::"
-         "test_screened_search_on_cuda_decides_as_the_reference_on_cuda"],
+         "test_screened_search_on_cuda_decides_as_the_reference_on_cuda",
+         "tests/agt/test_topk_torch.py::test_cuda_torch_merge_keeps_the_cpu_reference_multisets",
+         "tests/agt/test_topk_torch.py::"
+         "test_cuda_training_takes_the_torch_merge_and_matches_the_cpu_bundle"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     summary = {"returncode": proc.returncode, "seconds": round(time.perf_counter() - t0, 1),
                "tail": proc.stdout[-2500:] + proc.stderr[-1000:]}
@@ -124,6 +132,24 @@ def time_pipeline(name: str, n: int, device: str, k_values: str, queries: int) -
     out["agt_per_k_over_nominal"] = out["agt_s"] / n_k / out["nominal_s"]
     if device == "cuda":
         out["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if device == "cuda":
+        # the factored exact rule's torch merge (agt/topk_torch.py) took the run above; the
+        # same training with every bound materialised (the path before it) for comparison
+        import agt.topk as topk
+
+        topk.FACTORED_OFF = True
+        try:
+            t0 = time.perf_counter()
+            old = train(cfg, ds)
+            sync()
+            out["agt_materialised_s"] = time.perf_counter() - t0
+        finally:
+            topk.FACTORED_OFF = False
+        out["agt_materialised_per_k_over_nominal"] = (out["agt_materialised_s"] / n_k
+                                                      / out["nominal_s"])
+        out["factored_vs_materialised_max_box_gap"] = max(
+            float((x[n] - y[n]).abs().max())
+            for x, y in ((res.lower, old.lower), (res.upper, old.upper)) for n in x)
     bundle = from_result(res)
     xq = ds.x_test[:queries]
     t0 = time.perf_counter()

@@ -134,3 +134,16 @@ def inside(params: dict, lower: dict, upper: dict, j: int) -> tuple[bool, str]:
             gap = float(torch.maximum(lo - v, v - hi).max())
             return False, f"{name} outside k-box index {j} by {gap:.3e}"
     return True, ""
+
+
+def assert_each_holds_the_others_nominal(runs: dict, label: str = "") -> None:
+    """For two training results of one config on different devices (name -> result): each
+    one's nominal parameters lie in every k >= 1 box of the other (on the CPU)."""
+    (a, ra), (b, rb) = runs.items()
+    for (x, rx), (y, ry) in (((a, ra), (b, rb)), ((b, rb), (a, ra))):
+        nominal = {k: v.cpu() for k, v in rx.nominal.items()}
+        lower = {k: v.cpu() for k, v in ry.lower.items()}
+        upper = {k: v.cpu() for k, v in ry.upper.items()}
+        for j in range(1, len(ry.k_values)):
+            ok, why = inside(nominal, lower, upper, j)
+            assert ok, f"{label}{x}'s nominal, {y}'s boxes: {why}"

@@ -90,20 +90,33 @@ class OuterBounds:
 
     def values(self, start: int, stop: int) -> Interval:
         """The bounds of output rows [start, stop): Interval (G, (stop - start) * in, b)."""
-        dl = self.d_lo[:, start:stop].unsqueeze(2)                      # (G, rows, 1, b)
-        dh = self.d_hi[:, start:stop].unsqueeze(2)
+        lo, hi = self.block((start, stop), (0, self.in_features), (0, self.n_samples))
+        g, b = lo.shape[0], lo.shape[-1]
+        return Interval(lo.reshape(g, -1, b), hi.reshape(g, -1, b))
+
+    def block(self, outputs: tuple[int, int], inputs: tuple[int, int],
+              samples: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bounds of output units [o0, o1), inputs [i0, i1) and samples [s0, s1), by the
+        formulas above, on the factors' device: (lo, hi), each (G, o1 - o0, i1 - i0, s1 - s0)
+        (G = 1 where every factor is shared by the boxes). Elementwise in the factors, so a
+        block holds, value for value, the entries of `values` at the same indices (this is
+        the one torch definition; `values` is its whole-input block)."""
+        (o0, o1), (i0, i1), (s0, s1) = outputs, inputs, samples
+        dl = self.d_lo[:, o0:o1, s0:s1].unsqueeze(2)                    # (G, rows, 1, n)
+        dh = self.d_hi[:, o0:o1, s0:s1].unsqueeze(2)
         if self.a_hi is None:
             a_pos, a_neg = self._a_parts                                # (1, in, b)
+            a_pos, a_neg = a_pos[:, i0:i1, s0:s1], a_neg[:, i0:i1, s0:s1]
             # exactly one of the two products is non-zero: no extra rounding
             lo = (dl * a_pos).addcmul_(dh, a_neg)
             hi = (dh * a_pos).addcmul_(dl, a_neg)
         else:
-            a_lo, a_hi = self.a.unsqueeze(-3), self.a_hi.unsqueeze(-3)  # (G|1, 1, in, b)
+            a_lo = self.a[..., i0:i1, s0:s1].unsqueeze(-3)              # (G|1, 1, in, n)
+            a_hi = self.a_hi[..., i0:i1, s0:s1].unsqueeze(-3)
             p1, p2, p3, p4 = dl * a_lo, dl * a_hi, dh * a_lo, dh * a_hi
             lo = torch.minimum(torch.minimum(p1, p2), torch.minimum(p3, p4))
             hi = torch.maximum(torch.maximum(p1, p2), torch.maximum(p3, p4))
-        g, b = lo.shape[0], lo.shape[-1]
-        return Interval(lo.reshape(g, -1, b), hi.reshape(g, -1, b))
+        return lo, hi
 
 
 @dataclass(frozen=True)

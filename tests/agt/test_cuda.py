@@ -23,6 +23,7 @@ from agt.certify import Certifier
 from agt.store import from_result
 from agt.tensors import strict_kernels
 from agt.training import train, train_nominal
+from tests import helpers
 from tests.helpers import CONV, MLP, blobs, classes, config, images, inside, logits, with_train
 
 pytestmark = [pytest.mark.cuda,
@@ -49,13 +50,7 @@ def test_each_device_nominal_lies_inside_the_other_devices_boxes(name, model, fr
     ds = make()
     runs = {dev: train(_config(model, frozen, dev, dtype, **settings), ds)
             for dev in ("cpu", "cuda")}
-    for a, b in (("cpu", "cuda"), ("cuda", "cpu")):
-        nominal = {k: v.cpu() for k, v in runs[a].nominal.items()}
-        lower = {k: v.cpu() for k, v in runs[b].lower.items()}
-        upper = {k: v.cpu() for k, v in runs[b].upper.items()}
-        for j in range(1, len(runs[b].k_values)):
-            ok, why = inside(nominal, lower, upper, j)
-            assert ok, f"{name} {dtype}: {a}'s nominal, {b}'s boxes: {why}"
+    helpers.assert_each_holds_the_others_nominal(runs, f"{name} {dtype}: ")
 
 
 def _neighbour(ds, j: int, rng: np.random.Generator):
