@@ -28,6 +28,14 @@ database (two processes, two replicas) never release two labels for one query:
    holds an answer the database does not. After the commit the index's last id is the
    largest of its own blocks: every block below it was read at the catch-up or written
    here (1.), so nothing is skipped at the next catch-up.
+
+Assumptions the argument rests on, and what checks them: blocks are never removed, so ids
+never go back (append-only triggers; a ledger restored from a backup under an open object
+would break it, so a catch-up that finds the largest id below the last one read refuses,
+`AnswerIndex.catch_up`); PostgreSQL transactions run at READ COMMITTED (asked for in every
+write transaction's BEGIN, whatever the database's default). "The same query" means the
+same source, noise kind and mechanism with the same parameter values (`canonical_params`:
+``1``, ``1.0`` and ``np.float64(1.0)`` are one epsilon).
 """
 
 from __future__ import annotations
@@ -69,6 +77,34 @@ def _answer_key(source_id: str, mechanism: str, query_hash: str, seeded: bool = 
     name = f"{mechanism}#seeded" if seeded else mechanism
     return hashlib.sha256(_KEY_SEPARATOR.join((source_id, name, query_hash)).encode()
                           ).digest()[:16]
+
+
+def canonical_params(mechanism: Mechanism) -> str:
+    """The mechanism's name and parameters in one canonical form: the answers cache's
+    namespace. Equal values give equal strings whatever their Python type (``1``, ``1.0``
+    and ``np.float64(1.0)`` are one epsilon; booleans stay booleans), so a label released at
+    some parameters is served again to every request at the same values, and never to a
+    request at other values. Mechanisms that are not dataclasses fall back to ``repr``.
+
+    Args:
+        mechanism: the mechanism.
+
+    Returns:
+        ``name(field=value, ...)`` with numbers written as ``repr(float(value))``.
+    """
+    if not dataclasses.is_dataclass(mechanism):
+        return repr(mechanism)
+
+    def value(v):
+        if isinstance(v, (bool, np.bool_)):
+            return repr(bool(v))
+        if isinstance(v, (int, float, np.integer, np.floating)):
+            return repr(float(v))
+        return repr(v)
+
+    fields = ", ".join(f"{f.name}={value(getattr(mechanism, f.name))}"
+                       for f in dataclasses.fields(mechanism))
+    return f"{type(mechanism).__name__}({fields})"
 
 
 class AnsweringDoor:
@@ -298,7 +334,7 @@ class AnsweringDoor:
         source = inputs.source
         unbound = self._bind_dataset(source.dataset_sha256)
         ids = list(inputs.query_ids)
-        namespace = (source.source_id, mechanism.name, repr(mechanism), seeded)
+        namespace = (source.source_id, mechanism.name, canonical_params(mechanism), seeded)
         # each query once per request: its digest (the first 16 bytes of its hash)
         digests = item.digests
         unique, first, inverse = np.unique(digests, return_index=True, return_inverse=True)

@@ -145,6 +145,14 @@ class AnswerIndex:
         Raises:
             PrivacyError: a damaged block (its arrays disagree with its count).
         """
+        if store.last_block_id() < self.seen:
+            # blocks are never removed, so their ids never go back: the file or database
+            # was replaced (a backup restored) while this object held it open, and the
+            # index holds answers the ledger no longer records
+            raise PrivacyError(f"the ledger {store.name} holds fewer answer blocks than this "
+                               f"process read from it before (was it restored from a backup "
+                               f"while open?); nothing was released: close and reopen the "
+                               f"ledger")
         if self.legacy is None:
             self.legacy = _Space()
             rows = store.legacy_answers()

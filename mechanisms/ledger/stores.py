@@ -229,6 +229,12 @@ class SqliteStore:
             "?, ? FROM answer_blocks", row)
         return int(cursor.lastrowid)
 
+    def last_block_id(self) -> int:
+        """The largest answer block id (0 for none)."""
+        if not self.has_table("answer_blocks"):
+            return 0
+        return int(self.execute("SELECT COALESCE(MAX(id), 0) FROM answer_blocks").fetchone()[0])
+
     def blocks_after(self, seen: int) -> list[tuple]:
         """(id, source_id, mechanism, params, seeded, count, digests, labels) of the answer
         blocks after id `seen`, in id order."""
@@ -331,14 +337,16 @@ class PostgresStore:
     def begin_write(self) -> None:
         self._usable()
         try:
-            self.execute("BEGIN")
+            # READ COMMITTED whatever the database's default: each statement after the lock
+            # sees every transaction committed before it was granted (module docstring)
+            self.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
         except StoreError:
             # a connection lost while idle shows only now; nothing was done yet: once more
             # on a new connection
             if not self.conn.broken:
                 raise
             self._usable()
-            self.execute("BEGIN")
+            self.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
         # the budget lock (module docstring): every writer queues on the one meta row
         self.execute("SELECT id FROM ledger_meta WHERE id = 1 FOR UPDATE")
 
@@ -417,6 +425,12 @@ class PostgresStore:
             "digests, labels, release_ids) SELECT COALESCE(MAX(id), 0) + 1, ?, ?, ?, ?, ?, "
             "?::bytea, ?::bytea, ?::bytea FROM answer_blocks RETURNING id", row
         ).fetchone()[0])
+
+    def last_block_id(self) -> int:
+        """The largest answer block id (0 for none)."""
+        if not self.has_table("answer_blocks"):
+            return 0
+        return int(self.execute("SELECT COALESCE(MAX(id), 0) FROM answer_blocks").fetchone()[0])
 
     def blocks_after(self, seen: int) -> list[tuple]:
         """(id, source_id, mechanism, params, seeded, count, digests, labels) of the answer

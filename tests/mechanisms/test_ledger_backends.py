@@ -347,6 +347,31 @@ def test_a_cached_label_is_served_only_under_its_own_parameters(name):
         assert ledger.answer(make_mechanism("exp-radius", 0.5), inputs).cached.all()
         assert ledger.answer(make_mechanism("exp-radius", 1.0), inputs).cached.all()
         assert ledger.spent().epsilon == pytest.approx(5 * 0.5 + 5 * 1.0)
+        # the same values in other Python types are the same parameters: served, not
+        # charged again (a second label for one query at one epsilon)
+        for same in (1, np.float64(1.0), np.float32(1.0)):
+            assert ledger.answer(make_mechanism("exp-radius", same), inputs).cached.all()
+        assert ledger.spent().epsilon == pytest.approx(5 * 0.5 + 5 * 1.0)
+
+
+def test_a_ledger_restored_under_an_open_object_is_refused(tmp_path):
+    """Blocks are never removed, so a ledger whose blocks went back (a backup restored
+    while a process held it open) would leave that process's index holding answers the
+    ledger no longer records: the next answering transaction refuses and releases nothing."""
+    import shutil
+
+    path = tmp_path / "l.db"
+    mech = make_mechanism("exp-radius", 0.5)
+    with Ledger.open(str(path), 100.0) as ledger:
+        ledger.answer(mech, certified(3, 1))
+        shutil.copy(path, tmp_path / "backup.db")
+        ledger.answer(mech, certified(3, 2))
+        ledger.answer(mech, certified(3, 3))
+        shutil.copy(tmp_path / "backup.db", path)
+        with pytest.raises(PrivacyError, match="restored from a backup"):
+            ledger.answer(mech, certified(3, 4))
+    with Ledger.open(str(path)) as reopened:           # a fresh object reads what is there
+        assert reopened.answer(mech, certified(3, 2)).charges == 3
 
 
 class _Interrupted(BaseException):
