@@ -175,13 +175,7 @@ def run(args) -> int:
             atomic_write(out, lambda p: write_sweep(results, p))
         return 0
     if args.service_a:
-        result = _audit_services(args)
-        print(result.summary())
-        if out is not None:
-            atomic_write(out, lambda p: p.write_text(json.dumps(result.to_dict(), indent=1)
-                                                     + "\n"))
-        if args.plot:
-            atomic_write(args.plot, lambda p: result.plot(p))
+        _report(_audit_services(args), out, args.plot)
         return 0
     if not args.mechanism or len(args.mechanism) != 1:
         raise ConfigError("name one mechanism with --mechanism")
@@ -212,10 +206,17 @@ def run(args) -> int:
                                index=args.index, n_teachers=args.teachers,
                                samples=args.samples, seed=args.seed,
                                confidence=args.confidence, progress=True)
+    _report(result, out, args.plot)
+    return 0
+
+
+def _report(result, out: Path | None, plot: str | None) -> None:
+    """Print an audit's summary and write its JSON and plot where asked."""
+    from agt.io import atomic_write
+
     print(result.summary())
     if out is not None:
         atomic_write(out, lambda p: p.write_text(json.dumps(result.to_dict(), indent=1)
                                                  + "\n"))
-    if args.plot:
-        atomic_write(args.plot, lambda p: result.plot(p))
-    return 0
+    if plot:
+        atomic_write(plot, lambda p: result.plot(p))

@@ -87,7 +87,33 @@ def public_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-class SqliteStore:
+class _BlockReads:
+    """The answer blocks' reads, the same SQL on both backends (`has_table` of a
+    PostgreSQL store answers True for every table of its schema)."""
+
+    def last_block_id(self) -> int:
+        """The largest answer block id (0 for none)."""
+        if not self.has_table("answer_blocks"):
+            return 0
+        return int(self.execute("SELECT COALESCE(MAX(id), 0) FROM answer_blocks").fetchone()[0])
+
+    def blocks_after(self, seen: int) -> list[tuple]:
+        """(id, source_id, mechanism, params, seeded, count, digests, labels) of the answer
+        blocks after id `seen`, in id order."""
+        if not self.has_table("answer_blocks"):
+            return []
+        return self.execute("SELECT id, source_id, mechanism, params, seeded, count, digests, "
+                            "labels FROM answer_blocks WHERE id > ? ORDER BY id",
+                            (int(seen),)).fetchall()
+
+    def legacy_answers(self) -> list[tuple[bytes, int]]:
+        """(key, label) of the ``answers`` table (ledgers answered before the blocks)."""
+        if not self.has_table("answers"):
+            return []
+        return self.execute("SELECT key, label FROM answers").fetchall()
+
+
+class SqliteStore(_BlockReads):
     """A ledger in one SQLite file, in rollback-journal mode with synchronous writes."""
 
     kind = "SQLite"
@@ -229,32 +255,11 @@ class SqliteStore:
             "?, ? FROM answer_blocks", row)
         return int(cursor.lastrowid)
 
-    def last_block_id(self) -> int:
-        """The largest answer block id (0 for none)."""
-        if not self.has_table("answer_blocks"):
-            return 0
-        return int(self.execute("SELECT COALESCE(MAX(id), 0) FROM answer_blocks").fetchone()[0])
-
-    def blocks_after(self, seen: int) -> list[tuple]:
-        """(id, source_id, mechanism, params, seeded, count, digests, labels) of the answer
-        blocks after id `seen`, in id order."""
-        if not self.has_table("answer_blocks"):
-            return []
-        return self.execute("SELECT id, source_id, mechanism, params, seeded, count, digests, "
-                            "labels FROM answer_blocks WHERE id > ? ORDER BY id",
-                            (int(seen),)).fetchall()
-
-    def legacy_answers(self) -> list[tuple[bytes, int]]:
-        """(key, label) of the ``answers`` table (ledgers answered before the blocks)."""
-        if not self.has_table("answers"):
-            return []
-        return self.execute("SELECT key, label FROM answers").fetchall()
-
     def close(self) -> None:
         self.conn.close()
 
 
-class PostgresStore:
+class PostgresStore(_BlockReads):
     """A ledger in one PostgreSQL database (psycopg 3), shared by every process that opens
     its URL. The connection is opened again after it was lost (a restarted server, a
     terminated backend): the transaction it was in is rolled back by the server, so the
@@ -425,23 +430,6 @@ class PostgresStore:
             "digests, labels, release_ids) SELECT COALESCE(MAX(id), 0) + 1, ?, ?, ?, ?, ?, "
             "?::bytea, ?::bytea, ?::bytea FROM answer_blocks RETURNING id", row
         ).fetchone()[0])
-
-    def last_block_id(self) -> int:
-        """The largest answer block id (0 for none)."""
-        if not self.has_table("answer_blocks"):
-            return 0
-        return int(self.execute("SELECT COALESCE(MAX(id), 0) FROM answer_blocks").fetchone()[0])
-
-    def blocks_after(self, seen: int) -> list[tuple]:
-        """(id, source_id, mechanism, params, seeded, count, digests, labels) of the answer
-        blocks after id `seen`, in id order."""
-        return self.execute("SELECT id, source_id, mechanism, params, seeded, count, digests, "
-                            "labels FROM answer_blocks WHERE id > ? ORDER BY id",
-                            (int(seen),)).fetchall()
-
-    def legacy_answers(self) -> list[tuple[bytes, int]]:
-        """(key, label) of the ``answers`` table (ledgers answered before the blocks)."""
-        return self.execute("SELECT key, label FROM answers").fetchall()
 
     def close(self) -> None:
         if self.conn is not None:
