@@ -42,6 +42,7 @@ def _notes(exc: BaseException) -> str:
 def build_parser() -> argparse.ArgumentParser:
     from agt.cli import (
         audit,
+        backup,
         certify,
         inspect,
         keys,
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "parameter bounds and smooth-sensitivity private prediction")
     sub = p.add_subparsers(dest="command", required=True)
     for module in (train, tune, inspect, certify, plan, predict, teacher_labels, reproduce,
-                   serve, keys, audit):
+                   serve, keys, backup, audit):
         module.add_parser(sub)
     return p
 

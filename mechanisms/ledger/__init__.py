@@ -58,6 +58,7 @@ Where things are:
   core.py      the Ledger class: opening, accounting reads, release, release_estimate
 """
 
+from mechanisms.ledger.backup import backup_ledger, restore_ledger
 from mechanisms.ledger.core import Ledger
 from mechanisms.ledger.records import (
     Answered,
@@ -74,5 +75,5 @@ from mechanisms.ledger.stores import StoreError, is_url, postgres_ledger_exists
 
 __all__ = ["Ledger", "Release", "LedgerEntry", "AnswerRequest", "Answered", "IdempotencyError",
            "StoreError", "postgres_ledger_exists", "hash_query", "hash_queries",
-           "default_ledger_path", "is_url",
+           "default_ledger_path", "is_url", "backup_ledger", "restore_ledger",
            "FORMAT_VERSION", "POSTGRES_FORMAT_VERSION", "LEDGER_ACCOUNTANTS"]

@@ -149,6 +149,7 @@ class Ledger(ChargePath, AnsweringDoor):
                 store.commit()
             finally:
                 store.rollback()
+            store.opened()
         except StoreError as exc:
             store.close()
             raise PrivacyError(f"{name} is not a usable privacy ledger ({exc})") from None

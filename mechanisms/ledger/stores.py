@@ -114,7 +114,7 @@ class _BlockReads:
 
 
 class SqliteStore(_BlockReads):
-    """A ledger in one SQLite file, in rollback-journal mode with synchronous writes."""
+    """A ledger in one SQLite file, in write-ahead-log mode with synchronous commits."""
 
     kind = "SQLite"
     format_version = FORMAT_VERSION
@@ -133,7 +133,8 @@ class SqliteStore(_BlockReads):
                                "in an existing, writable directory") from None
         store = cls(conn, path)
         try:
-            store.execute("PRAGMA journal_mode = DELETE").fetchone()
+            # FULL: a commit returns once it is on the disk, in either journal mode (the
+            # write-ahead log is taken only once the file is known to be a ledger: `opened`)
             store.execute("PRAGMA synchronous = FULL")
             # up to 64 MiB of pages in memory: the answers' index is read at random
             store.execute("PRAGMA cache_size = -65536")
@@ -141,6 +142,18 @@ class SqliteStore(_BlockReads):
             conn.close()
             raise PrivacyError(f"{path} is not a usable privacy ledger ({exc})") from None
         return store
+
+    def opened(self) -> None:
+        """Put a file known to be a ledger (its schema transaction committed) in
+        write-ahead-log mode, once: the mode is kept in the file (module docstring,
+        "SQLite files"). Where SQLite cannot switch (a file in memory, another process of an
+        older agt holding the file in rollback mode) the file keeps its mode: with
+        ``synchronous = FULL`` every commit is durable in both."""
+        if self.name != ":memory:":
+            try:
+                self.execute("PRAGMA journal_mode = WAL").fetchone()
+            except StoreError:      # busy: the file stays in its mode, durable as well
+                pass
 
     @staticmethod
     def reason(exc: BaseException) -> str:
@@ -279,6 +292,9 @@ class PostgresStore(_BlockReads):
     @classmethod
     def connect(cls, url: str, timeout: float) -> "PostgresStore":
         return cls(url, timeout)
+
+    def opened(self) -> None:
+        """Nothing to set once the schema is there (the server's settings rule)."""
 
     def _connect(self) -> None:
         try:

@@ -19,7 +19,7 @@ import pytest
 from agt.errors import BudgetExceededError, DataError, PrivacyError
 from mechanisms import Certified, Ledger, Source, default_ledger_path, make_mechanism
 from mechanisms.accounting import per_query_epsilon
-from mechanisms.ledger import hash_query
+from mechanisms.ledger import backup_ledger, hash_query
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32
@@ -305,13 +305,17 @@ def test_read_only_database_is_a_one_line_error(tmp_path):
             ledger.release(GS(0.5), inputs())
 
 
-def test_every_committed_spend_is_in_the_main_file(tmp_path):
-    """Rollback-journal mode: copying the .db alone keeps every committed spend."""
+def test_every_committed_spend_is_in_a_backup_taken_while_open(tmp_path):
+    """Write-ahead-log mode (commits may sit in l.db-wal): `backup_ledger`, taken while the
+    ledger is open, holds every committed spend in one self-contained file."""
     path = tmp_path / "l.db"
     with Ledger.open(path, 10.0, 0.0) as ledger:
+        assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert ledger._db.execute("PRAGMA synchronous").fetchone()[0] == 2     # FULL
         ledger.release(GS(0.5), inputs(3))
-        shutil.copy(path, tmp_path / "copy.db")          # while the ledger is still open
-    assert not (tmp_path / "l.db-wal").exists()
+        assert (tmp_path / "l.db-wal").exists()
+        assert backup_ledger(path, tmp_path / "copy.db") == 3
+    assert not (tmp_path / "copy.db-wal").exists()
     assert row_count(tmp_path / "copy.db") == 3
 
 
@@ -398,7 +402,7 @@ def test_killed_after_commit_keeps_the_spend(tmp_path):
     Ledger.open(path, 1.0, 0.0).close()
     proc = python(KILLED_AFTER_COMMIT, str(path), str(marker))
     wait_for(marker)
-    shutil.copy(path, tmp_path / "copy.db")      # the main file alone holds the spend
+    backup_ledger(path, tmp_path / "copy.db")    # the backup holds the committed spend
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
     assert_consistent(path)

@@ -358,16 +358,16 @@ def test_a_ledger_restored_under_an_open_object_is_refused(tmp_path):
     """Blocks are never removed, so a ledger whose blocks went back (a backup restored
     while a process held it open) would leave that process's index holding answers the
     ledger no longer records: the next answering transaction refuses and releases nothing."""
-    import shutil
+    from mechanisms.ledger import backup_ledger, restore_ledger
 
     path = tmp_path / "l.db"
     mech = make_mechanism("exp-radius", 0.5)
     with Ledger.open(str(path), 100.0) as ledger:
         ledger.answer(mech, certified(3, 1))
-        shutil.copy(path, tmp_path / "backup.db")
+        backup_ledger(path, tmp_path / "backup.db")
         ledger.answer(mech, certified(3, 2))
         ledger.answer(mech, certified(3, 3))
-        shutil.copy(tmp_path / "backup.db", path)
+        assert restore_ledger(tmp_path / "backup.db", path) == 3
         with pytest.raises(PrivacyError, match="restored from a backup"):
             ledger.answer(mech, certified(3, 4))
     with Ledger.open(str(path)) as reopened:           # a fresh object reads what is there
