@@ -37,9 +37,17 @@ per_query_delta) and charges every release at exactly that value (a release whos
 guarantee is smaller is charged the fixed value; a larger one is refused). Totals are rounded
 up and compared without tolerance.
 
-Files. The ledger runs in SQLite's rollback-journal mode with synchronous writes: every
-committed spend is in the main file; a ``<ledger>-journal`` beside it exists only during a
-transaction (or after a crash inside one, until the next open rolls it back).
+Files. An SQLite ledger runs in write-ahead-log mode with ``synchronous = FULL`` (set once the
+file is known to be a ledger; the mode is kept in the file): a commit appends the
+transaction to ``<ledger>-wal`` and syncs it before COMMIT returns, so every answer that
+leaves was durable first (a kill -9 or a power loss after it loses nothing; an open replays
+the log), at one sync per commit where the rollback journal took several (stores.py). The
+log is copied back into the main file from time to time (a checkpoint, and when the last
+connection closes), so **the main file alone may lack committed charges**: back up with
+`backup_ledger` (``agt ledger backup``, SQLite's online backup: one consistent snapshot, safe
+while serving) and restore with `restore_ledger` (``agt ledger restore``), never by copying
+files (backup.py). ``-wal`` and ``-shm`` beside the file belong to it; processes on one
+machine share the file through them (not over a network file system).
 
 PostgreSQL (``Ledger.open("postgresql://user@host/db")``, psycopg 3, the ``postgres`` extra):
 the same tables, API and semantics, shared by every process and machine that opens the URL
@@ -51,6 +59,7 @@ Where things are:
   records.py   what crosses the door: Release, Answered, AnswerRequest, LedgerEntry; hashes
   schema.py    the tables of both backends, the format versions, the settings checks
   stores.py    the backends (SqliteStore, PostgresStore): the write lock and its proof
+  backup.py    backing up and restoring an SQLite ledger in use (SQLite's backup API)
   charge.py    THE charge path: the write transaction, the budget checks, the inserts
   answers.py   the answering door: answers cache, sessions, client budgets, idempotency;
                why the in-memory cache, caught up under the write lock, never re-releases

@@ -9,7 +9,11 @@ charges with consecutive ids, and turns every error of its driver into `StoreErr
 
 The write lock, and why it makes check-then-commit sound:
 
-* SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock before the first read.
+* SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock before the first read. In
+  write-ahead-log mode (the ledger's) the transaction's read snapshot is taken with the
+  lock, at the newest commit (SQLite refuses to start a write transaction on an older
+  snapshot), so what follows holds as in rollback mode; readers outside a write
+  transaction neither wait for it nor hold it up.
 * PostgreSQL: ``BEGIN`` (READ COMMITTED) then ``SELECT ... FROM ledger_meta WHERE id = 1
   FOR UPDATE``: a row lock on the ledger's one meta row, which every write transaction
   takes first and holds until its COMMIT or ROLLBACK (PostgreSQL releases row locks only
