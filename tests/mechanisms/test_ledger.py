@@ -4,7 +4,6 @@ the per-query guarantee for accountants that need it, records seeded noise, and 
 concurrent processes and kills."""
 
 import os
-import shutil
 import signal
 import sqlite3
 import stat
