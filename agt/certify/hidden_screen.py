@@ -86,6 +86,30 @@ covering both; underflow tiny32 per term and per rounded input):
   bounds need IEEE float32 products: the certifier runs the screen under
   `agt.tensors.strict_kernels` (no TF32 on CUDA, no bf16 in oneDNN's matmuls).
 
+Rearranged formulas. The screen need not evaluate the reference's expressions in the
+reference's order: the perturbation step above compares the exact values of the same real
+formulas, so A may come from any expression with the same exact value on the screen's
+inputs, and only its own rounding changes. The screen uses three such rearrangements,
+each of at most a few dozen operations per unit on terms bounded by (1 + c) m (so inside
+the gamma(4n + 40, u64)(1 + c) m of the rounding step):
+* the widening's coefficients folded per query: w = mag (coeff + 8 g coeff64) + (absolute
+  + 8 g absolute64), the same real number as `FloatModel.widen`'s; the first layer's ends
+  as mid -+ (rad + w);
+* the bias add's magnitude max(|mid - r|, |mid + r|) as |mid| + r (r = rad + w >= 0), and
+  its ends as (mid + b_lo) - (r + w_b), (mid + b_hi) + (r + w_b);
+* one logit behind a ReLU (h_lo >= 0): the four-corner product's ends min(w_l h_l, w_l h_h)
+  and max(w_h h_h, w_h h_l) (the other two corners never win for h >= 0), |h| = h_h, and
+  the sum's widening from max(|p_lo - w_j|, |p_hi + w_j|) = max(p_hi, -p_lo) + w_j
+  (p_lo <= p_hi, w_j >= 0), with the sums of w_j taken once: sum(p_lo - w_j) =
+  sum(p_lo) - (c_1 sum(|W_j| h_h) + n a_1).
+The bar e itself may be any upper bound of the expressions above: the screen evaluates
+e = rho m + abs + (1 + 2c)(d_mid + d_rad + c d_mag) as alpha (A0 + T0) + beta R +
+rho |b| + sigma with per-query coefficients (c is per query), the underflow terms'
+column sums replaced by each box's largest column sum (so e only grows), every
+coefficient and the result raised by (1 + 1e-6) for the rounding of the bar's own few
+float64 operations; m (overflow test only) by the same coefficients on the rows' largest
+A0 + T0, R and |b|.
+
 Overflow: the argument needs finite intermediates; a pair whose magnitudes exceed 2^1000
 (or give inf/nan anywhere: comparisons with nan are false) is left to the reference.
 
