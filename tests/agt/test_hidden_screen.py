@@ -200,11 +200,13 @@ def test_screened_search_on_cuda_decides_as_the_reference_on_cuda(case):
     assert np.array_equal(screened.prediction, reference.prediction)
 
 
-def test_a_bar_without_the_float32_products_rounding_is_caught(monkeypatch):
+@pytest.mark.parametrize("case", ["ten classes", "one hidden, one logit"])
+def test_a_bar_without_the_float32_products_rounding_is_caught(monkeypatch, case):
     """The first layer's per-step products are float32 (module docstring): with their
     rounding left out of the bar (u32 = 0) the estimate leaves it on the same queries as
-    the test above (float64 digits), so that test can fail."""
-    b, x = _bundle_and_queries("ten classes")
+    the test above (float64 data; ten classes through the reference's head, one logit
+    through the rearranged one), so that test can fail."""
+    b, x = _bundle_and_queries(case)
     c = Certifier(b)
     monkeypatch.setattr(hidden_screen, "_U32", 0.0)
     queries = np.concatenate([x[:80], x[:20] * 1e3, x[:20] * 1e-3])
