@@ -187,7 +187,6 @@ def feature_boxes(layers: tuple[LayerSpec, ...] | list[LayerSpec], first: int,
         exact = x[i:i + step].to(BOUND_DTYPE, copy=True)
         box = None                      # (lo, hi) once a layer has rounded
         for j, layer in enumerate(layers):
-            idx = first + j
             if layer.kind in ("linear", "conv2d"):
                 am, ar = (exact, None) if box is None else Interval(*box).midrad()
                 box = _affine(layer, preps[j], am, ar)
