@@ -214,9 +214,9 @@ class Conv2dRule:
     @staticmethod
     def _unfold(layer: LayerSpec, x: torch.Tensor) -> torch.Tensor:
         """F.unfold's (b, C k k, L) patches, bit for bit and in its (contiguous) layout, as
-        a strided view and one copy: im2col on the CPU is about 5x slower (it was a third of
-        certifying the OctMNIST head, whose served pass runs it on every query). Zero
-        padding is F.pad's exact zeros, as F.unfold's."""
+        a strided view and one copy: im2col on the CPU is about 5x slower on the OctMNIST
+        prefix's shapes (the certifier's served pass runs it on every query). Zero padding
+        is F.pad's exact zeros, as F.unfold's."""
         k, st = layer.kernel, layer.stride
         if layer.padding:
             x = F.pad(x, (layer.padding,) * 4)
