@@ -213,7 +213,17 @@ class Conv2dRule:
 
     @staticmethod
     def _unfold(layer: LayerSpec, x: torch.Tensor) -> torch.Tensor:
-        return F.unfold(x, layer.kernel, padding=layer.padding, stride=layer.stride)
+        """F.unfold's (b, C k k, L) patches, bit for bit and in its (contiguous) layout, as
+        a strided view and one copy: im2col on the CPU is about 5x slower on the OctMNIST
+        prefix's shapes (the certifier's served pass runs it on every query). Zero padding
+        is F.pad's exact zeros, as F.unfold's."""
+        k, st = layer.kernel, layer.stride
+        if layer.padding:
+            x = F.pad(x, (layer.padding,) * 4)
+        b, c = x.shape[0], x.shape[1]
+        view = x.unfold(2, k, st).unfold(3, k, st)                 # (b, C, oh, ow, k, k)
+        oh, ow = view.shape[2], view.shape[3]
+        return view.permute(0, 1, 4, 5, 2, 3).reshape(b, c * k * k, oh * ow).contiguous()
 
     @staticmethod
     def _out_hw(layer: LayerSpec, h: int, w: int) -> tuple[int, int]:

@@ -25,10 +25,12 @@ Who decides what (every decision, and so every radius, is the reference's):
                     product where its error bar allows, and hands every other pair to the
                     reference test; proven to agree with the reference.
   hidden_screen.py  trainable linear and ReLU layers with a hidden layer (exact inputs or a
-                    frozen prefix's feature boxes): evaluates the reference's formulas with
-                    the first layer's products shared by all queries of a box (float32,
-                    around box 0's midpoint), with a rigorous bound on its distance to
-                    the reference's computed bound;
+                    frozen prefix's feature boxes): evaluates the reference's formulas
+                    (rearranged where the real value stays the same, e.g. one logit behind
+                    a ReLU as sums over units) with the first layer's products shared by
+                    all queries of a box (float32, around box 0's midpoint), with a
+                    rigorous bound on its distance to the reference's computed bound
+                    (per-query coefficients);
                     decides a pair where that bound allows and hands every other pair to
                     the reference test; proven to agree with the reference.
                     Other models (convolutions in the trainable part, a prefix followed by

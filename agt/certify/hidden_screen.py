@@ -86,6 +86,30 @@ covering both; underflow tiny32 per term and per rounded input):
   bounds need IEEE float32 products: the certifier runs the screen under
   `agt.tensors.strict_kernels` (no TF32 on CUDA, no bf16 in oneDNN's matmuls).
 
+Rearranged formulas. The screen need not evaluate the reference's expressions in the
+reference's order: the perturbation step above compares the exact values of the same real
+formulas, so A may come from any expression with the same exact value on the screen's
+inputs, and only its own rounding changes. The screen uses three such rearrangements,
+each of at most a few dozen operations per unit on terms bounded by (1 + c) m (so inside
+the gamma(4n + 40, u64)(1 + c) m of the rounding step):
+* the widening's coefficients folded per query: w = mag (coeff + 8 g coeff64) + (absolute
+  + 8 g absolute64), the same real number as `FloatModel.widen`'s; the first layer's ends
+  as mid -+ (rad + w);
+* the bias add's magnitude max(|mid - r|, |mid + r|) as |mid| + r (r = rad + w >= 0), and
+  its ends as (mid + b_lo) - (r + w_b), (mid + b_hi) + (r + w_b);
+* one logit behind a ReLU (h_lo >= 0): the four-corner product's ends min(w_l h_l, w_l h_h)
+  and max(w_h h_h, w_h h_l) (the other two corners never win for h >= 0), |h| = h_h, and
+  the sum's widening from max(|p_lo - w_j|, |p_hi + w_j|) = max(p_hi, -p_lo) + w_j
+  (p_lo <= p_hi, w_j >= 0), with the sums of w_j taken once: sum(p_lo - w_j) =
+  sum(p_lo) - (c_1 sum(|W_j| h_h) + n a_1).
+The bar e itself may be any upper bound of the expressions above: the screen evaluates
+e = rho m + abs + (1 + 2c)(d_mid + d_rad + c d_mag) as alpha (A0 + T0) + beta R +
+rho |b| + sigma with per-query coefficients (c is per query), the underflow terms'
+column sums replaced by each box's largest column sum (so e only grows), every
+coefficient and the result raised by (1 + 1e-6) for the rounding of the bar's own few
+float64 operations; m (overflow test only) by the same coefficients on the rows' largest
+A0 + T0, R and |b|.
+
 Overflow: the argument needs finite intermediates; a pair whose magnitudes exceed 2^1000
 (or give inf/nan anywhere: comparisons with nan are false) is left to the reference.
 
@@ -171,9 +195,31 @@ class HiddenLayerScreen:
         up = 1.0 + 2.0 * gamma(self.n_in + 2, _U64)
         self.br_colsum = br.sum(1) * up + self.n_in * _TINY64            # (K, out)
         self.m_colsum = (bm.abs() + br).sum(1) * up + self.n_in * _TINY64
+        #: their largest column per box (K,): the bar's underflow terms per query, not per
+        #: unit (larger, so the bar only grows)
+        self.br_cs_max = self.br_colsum.amax(1)
+        self.m_cs_max = self.m_colsum.amax(1)
         bias = f"{first}.bias"
         self.bias = (Interval(lower[bias].to(BOUND_DTYPE), upper[bias].to(BOUND_DTYPE))
                      if bias in lower else None)
+        #: |bias| per box (K, out) and its largest entry (K,)
+        self.bias_mag = self.bias.magnitude() if self.bias is not None else None
+        self.bias_mag_max = self.bias_mag.amax(1) if self.bias is not None else None
+        #: the last layer's weight magnitudes per box (K, C, in), with the factor the bar
+        #: puts on them
+        last_w = Interval(lower[f"{last}.weight"].to(BOUND_DTYPE),
+                          upper[f"{last}.weight"].to(BOUND_DTYPE))
+        self.last_wmag = last_w.magnitude() * (1.0 + 4 * _U64)
+        #: one logit behind a ReLU (its input h >= 0): the head's margin by `_binary_head`,
+        #: with the last layer's boxes (K, in) and bias boxes (K,)
+        self.binary = last_w.shape[1] == 1 and body[-1][1].kind == "relu"
+        if self.binary:
+            self.last_lo, self.last_hi = last_w.lo[:, 0], last_w.hi[:, 0]
+            self.last_mag = last_w.magnitude()[:, 0]
+            lb = f"{last}.bias"
+            self.last_bias = (Interval(lower[lb][:, 0].to(BOUND_DTYPE),
+                                       upper[lb][:, 0].to(BOUND_DTYPE))
+                              if lb in lower else None)
 
     @staticmethod
     def fits(lower: dict[str, torch.Tensor], upper: dict[str, torch.Tensor],
@@ -191,7 +237,7 @@ class HiddenLayerScreen:
     def _first_layer(self, parts, box, fm):
         """(screen's box (Q, 1, out) after the first layer and its bias, e, m) with the
         notation of the module docstring."""
-        am32, abs_am32, p0, a0, t0, l1, ar_max, ok = parts
+        am32, abs_am32, p0, a0t, t0, l1, ar_max, ok, a0t_max = parts
         Q = am32.shape[0]
         out = self.bm0.shape[1]
         dk = am32.new_empty(Q, out)
@@ -210,42 +256,66 @@ class HiddenLayerScreen:
             start += count
             dk[rows] = am32.index_select(0, rows) @ self.d32[k]
             rk[rows] = abs_am32.index_select(0, rows) @ self.br32[k]
+        rk_max = (rk.amax(1) if out else rk.new_zeros(Q)).to(BOUND_DTYPE)
         n = self.n_in
         g32 = gamma(n + 4, _U32)
-        br_cs = self.br_colsum.index_select(0, box)
-        under = _TINY32 * (br_cs + 2.0 * l1[:, None]) + 2 * n * (_TINY32 + _TINY64)
-        rk = rk.to(BOUND_DTYPE)
-        # an upper bound on the exact |am| br_k from the float32 product
-        rb = ((rk + n * _TINY32) * ((1.0 + 2.0 * g32) * (1.0 + 4 * _U32))
-              + 2 * _TINY32 * (br_cs + l1[:, None]))
-        d_mid = 2.0 * gamma(n, _U64) * a0 + g32 * rb + under
-        d_rad = g32 * rb + under
-        mid = p0 + dk.to(BOUND_DTYPE)
-        rad = rk
+        g64 = 2.0 * gamma(n, _U64)
+        c1 = (1.0 + 2.0 * g32) * (1.0 + 4 * _U32)
+        gq = self.k_values.index_select(0, box)[:, None]                  # (Q, 1) grades
+        # per-query terms (Q, 1) of the bar (module docstring, "The first layer in
+        # float32"; underflow terms with each box's largest column sums)
+        brcs = self.br_cs_max.index_select(0, box)[:, None]
+        l1c = l1[:, None]
+        under = _TINY32 * (brcs + 2.0 * l1c) + 2 * n * (_TINY32 + _TINY64)
+        r0 = n * _TINY32 * c1 + 2 * _TINY32 * (brcs + l1c)      # Rb = c1 R + r0
         if t0 is None:
             # the reference's ar M for an exact input: ar = tiny, so 0 <= ar M <= tiny
             # colsum(M) up to underflow; the screen takes 0 and brackets it
-            d_rad = d_rad + self.m_colsum.index_select(0, box) * _TINY64 + n * _TINY64
+            extra = self.m_cs_max.index_select(0, box)[:, None] * _TINY64 + n * _TINY64
         else:
             # ar M_k lies in [ar |bm_0|, ar |bm_0| + 2 ar br_k] (|bm_k - bm_0| <= br_k);
-            # the screen takes ar |bm_0| (float64, once per chunk)
-            rad = rad + t0
-            d_rad = (d_rad + 2.0 * gamma(n, _U64) * t0 + 2.0 * ar_max[:, None] * br_cs
-                     + 2 * n * _TINY64)
-        mag = a0 + rad
-        d_mag = 2.0 * gamma(n, _U64) * a0 + rb + d_rad + 2 * n * _TINY64
-        g = self.k_values.index_select(0, box)[:, None]
-        c = fm.coeff(n) + GRADE_FACTOR * g * fm.coeff64(n)
-        z = fm.widen(mid - rad, mid + rad, mag, n)
-        m = mag + d_mag
+            # the screen takes ar |bm_0| (float64, once per chunk, inside a0t)
+            extra = 2.0 * ar_max[:, None] * brcs + 2 * n * _TINY64
+        # the estimate: mid = P0 + D, rad = R (+ T0), mag = A0 (+ T0) + R, the widening
+        # with its per-query coefficients folded (the same real numbers as fm.widen)
+        rk = rk.to(BOUND_DTYPE)
+        mid = p0 + dk
+        c = fm.coeff(n) + GRADE_FACTOR * gq * fm.coeff64(n)
+        aw = fm.absolute(n) + GRADE_FACTOR * gq * fm.absolute64(n)
+        rad = rk if t0 is None else rk + t0
+        rw = torch.addcmul(rad, a0t + rk, c).add_(aw)                    # rad + w
         if self.bias is not None:
-            b = Interval(self.bias.lo.index_select(0, box), self.bias.hi.index_select(0, box))
-            z = iv.add(z, b, fm)
-            c = c + fm.coeff(1) + GRADE_FACTOR * g * fm.coeff64(1)
-            m = m + b.magnitude()
-        moved = (1.0 + 2.0 * c) * (d_mid + d_rad + c * d_mag) * (1.0 + 1e-6)
-        e = _rho(n, c) * m + _abs(n) + moved
-        e = torch.where(ok[:, None], e, torch.full_like(e, torch.inf))
+            b_lo = self.bias.lo.index_select(0, box)
+            b_hi = self.bias.hi.index_select(0, box)
+            b_mag = self.bias_mag.index_select(0, box)
+            cb = fm.coeff(1) + GRADE_FACTOR * gq * fm.coeff64(1)
+            ab = fm.absolute(1) + GRADE_FACTOR * gq * fm.absolute64(1)
+            # iv.add's widening: max(|mid - rw|, |mid + rw|) = |mid| + rw (rw >= 0)
+            wb = (mid.abs() + rw).add_(b_mag)
+            rw = torch.addcmul(rw, wb, cb).add_(ab)
+            lo, hi = (mid + b_lo).sub_(rw), (mid + b_hi).add_(rw)
+            c = c + cb
+        else:
+            lo, hi = mid - rw, mid + rw
+        z = Interval(lo, hi)
+        # the bar e = rho m + abs + (1 + 2c)(d_mid + d_rad + c d_mag)(1 + 1e-6) as
+        # alpha A0t + beta R + rho |b| + sigma with per-query coefficients (module docstring)
+        rho = _rho(n, c)
+        kk = (1.0 + 2.0 * c) * (1.0 + 1e-6)
+        s_m = (1.0 + g32) * r0 + under + extra + 2 * n * _TINY64
+        s_s = 2.0 * (g32 * r0 + under) + extra + c * s_m
+        alpha = (rho * (1.0 + g64) + kk * g64 * (1.0 + c)) * (1.0 + 1e-6)
+        beta = (rho * (1.0 + (1.0 + g32) * c1) + kk * c1 * (2.0 * g32 + c * (1.0 + g32))) \
+            * (1.0 + 1e-6)
+        sigma = (rho * s_m + _abs(n) + kk * s_s) * (1.0 + 1e-6)
+        sigma = torch.where(ok[:, None], sigma, torch.full_like(sigma, torch.inf))
+        e = torch.addcmul(sigma, a0t, alpha).addcmul_(rk, beta)
+        # m: an upper bound of every unit's (the overflow test only)
+        m = ((1.0 + g64) * a0t_max[:, None] + (1.0 + (1.0 + g32) * c1) * rk_max[:, None]
+             + s_m) * (1.0 + 1e-6)
+        if self.bias is not None:
+            e.addcmul_(b_mag, rho * (1.0 + 1e-6))
+            m = m + self.bias_mag_max.index_select(0, box)[:, None]
         return z.map(lambda t: t.unsqueeze(1)), e, m
 
     # -- further layers: the reference's code on the screen's boxes ---------------------------
@@ -278,11 +348,10 @@ class HiddenLayerScreen:
         W = self._box(f"{self.last}.weight", box)                       # (Q, C, in)
         bias_name = f"{self.last}.bias"
         hmag = h.magnitude()[:, 0]                                      # (Q, in)
-        wmag = W.magnitude()
+        wmag = self.last_wmag.index_select(0, box)                      # |W| (1 + 4 u64)
         if W.shape[1] > 1:
             ar = torch.arange(W.shape[0], device=W.lo.device)
             wmag = wmag[ar, pred][:, None, :] + wmag                    # rows c and j
-        wmag = wmag * (1.0 + 4 * _U64)
         n = int(W.shape[2])
         eM = (wmag * e[:, None, :]).sum(-1) * (1.0 + 1e-6)              # (Q, C)
         m = (wmag * hmag[:, None, :]).sum(-1) * (1.0 + 1e-6)
@@ -297,6 +366,47 @@ class HiddenLayerScreen:
         err = _lipschitz(c) * eM + _rho(n, c) * (m + 2.0 * eM) + _abs(n)
         return err.max(1).values, m.max(1).values, W
 
+    def _binary_head(self, h: Interval, e, pred, box, fm):
+        """(A, e, m) of the head's margin for one logit behind a ReLU: the reference's
+        formulas (`Certifier.head_margin`: the four-corner products, their sum, the bias,
+        each widened) rearranged for 0 <= h_lo <= h_hi into sums over the units (module
+        docstring, "Rearranged formulas"), and the bar of `_last_layer_error`."""
+        hl, hh = h.lo[:, 0], h.hi[:, 0]                                 # (Q, in), >= 0
+        wl = self.last_lo.index_select(0, box)
+        wh = self.last_hi.index_select(0, box)
+        wm = self.last_mag.index_select(0, box)
+        n = int(hl.shape[1])
+        g = self.k_values.index_select(0, box)
+        # the four-corner rule's ends for h >= 0, and |W| |h| with |h| = h_hi
+        lo = torch.minimum(wl * hl, wl * hh)
+        hi = torch.maximum(wh * hh, wh * hl)
+        mag = wm * hh
+        s_mag = mag.sum(1)
+        c1 = fm.coeff(1) + GRADE_FACTOR * g * fm.coeff64(1)
+        a1 = fm.absolute(1) + GRADE_FACTOR * g * fm.absolute64(1)
+        w_sum = c1 * s_mag + n * a1                                     # sum of the w_j
+        # max(|lo_j - w_j|, |hi_j + w_j|) = max(hi_j, -lo_j) + w_j (lo_j <= hi_j, w_j >= 0)
+        xmag = torch.maximum(hi, lo.neg_()).sum(1) + w_sum
+        cn = fm.coeff(n) + GRADE_FACTOR * g * fm.coeff64(n)
+        an = fm.absolute(n) + GRADE_FACTOR * g * fm.absolute64(n)
+        wn = w_sum + xmag * cn + an
+        z_lo = (-lo.sum(1)) - wn                          # lo was negated in place above
+        z_hi = hi.sum(1) + wn
+        m = s_mag * ((1.0 + 4 * _U64) * (1.0 + 1e-6))
+        c = (2 * fm.coeff(1) + fm.coeff(n) + 2 * fm.coeff(n + 2)
+             + GRADE_FACTOR * g * (2 * fm.coeff64(1) + fm.coeff64(n) + 2 * fm.coeff64(n + 2)))
+        if self.last_bias is not None:
+            bl = self.last_bias.lo.index_select(0, box)
+            bh = self.last_bias.hi.index_select(0, box)
+            bmag = torch.maximum(bl.abs(), bh.abs())
+            wb = (torch.maximum(z_lo.abs(), z_hi.abs()) + bmag) * c1 + a1
+            z_lo, z_hi = z_lo + bl - wb, z_hi + bh + wb
+            m = m + bmag
+        est = torch.where(pred == 1, z_lo, -z_hi)
+        eM = (wm * e).sum(1) * ((1.0 + 4 * _U64) * (1.0 + 1e-6))
+        err = _lipschitz(c) * eM + _rho(n, c) * (m + 2.0 * eM) + _abs(n)
+        return est, err, m
+
     # -- the screen ---------------------------------------------------------------------------
     def prepare(self, feats) -> tuple:
         """The per-chunk parts of the first layer's input (module docstring): its float32
@@ -308,15 +418,18 @@ class HiddenLayerScreen:
             am, ar = feats.to(BOUND_DTYPE), None
         abs_am = am.abs()
         p0 = am @ self.bm0
-        a0 = abs_am @ self.abs_bm0
+        a0t = abs_am @ self.abs_bm0
         t0 = ar_max = None
         if ar is not None:
             t0 = ar @ self.abs_bm0
             ar_max = ar.amax(1) if ar.shape[1] else ar.new_zeros(ar.shape[0])
+            a0t = a0t + t0                      # A0 + T0: they enter mag and the bar together
         # float32 copies stay finite and their rounding relative (or below tiny32)
         ok = (abs_am.amax(1) if am.shape[1] else am.new_zeros(am.shape[0])) <= _BIG32
         l1 = abs_am.sum(1) * (1.0 + 2.0 * gamma(self.n_in + 2, _U64)) + self.n_in * _TINY64
-        return (am.to(torch.float32), abs_am.to(torch.float32), p0, a0, t0, l1, ar_max, ok)
+        a0t_max = a0t.amax(1) if a0t.shape[1] else a0t.new_zeros(a0t.shape[0])
+        return (am.to(torch.float32), abs_am.to(torch.float32), p0, a0t, t0, l1, ar_max, ok,
+                a0t_max)
 
     def estimate(self, parts: tuple, pred: torch.Tensor,
                  box: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,11 +450,14 @@ class HiddenLayerScreen:
             else:
                 h, e, m = self._linear(idx, layer, h, e, box, fm)
                 worst = torch.maximum(worst, m.max(1).values)
-        err, m_last, W = self._last_layer_error(h, e, pred, box, fm)
+        if self.binary:
+            est, err, m_last = self._binary_head(h, e, pred, box, fm)
+        else:
+            err, m_last, W = self._last_layer_error(h, e, pred, box, fm)
+            bias_name = f"{self.last}.bias"
+            bias = self._box(bias_name, box) if bias_name in self.lower else None
+            est = self.head(h.map(lambda t: t[:, 0]), pred, W, bias, fm)
         worst = torch.maximum(worst, m_last)
-        bias_name = f"{self.last}.bias"
-        bias = self._box(bias_name, box) if bias_name in self.lower else None
-        est = self.head(h.map(lambda t: t[:, 0]), pred, W, bias, fm)
         # overflow anywhere, or a non-finite estimate: the reference decides
         err = torch.where((worst < _HUGE) & torch.isfinite(est), err,
                           torch.full_like(err, torch.inf))

@@ -93,13 +93,30 @@ def _cast_up32(t: torch.Tensor) -> torch.Tensor:
     return (t * (1.0 + _UP32) + _TINY32).to(torch.float32)
 
 
-def _affine(layer: LayerSpec, w: torch.Tensor, b: torch.Tensor | None, am: torch.Tensor,
-            ar: torch.Tensor | None, u: float, tiny_u: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lo, hi) of one linear or convolution layer's output box (module docstring)."""
+def _prepared(layer: LayerSpec, w: torch.Tensor, b: torch.Tensor | None, u: float,
+              tiny_u: float) -> tuple:
+    """One layer's constants and weight copies, once per `feature_boxes` call (module
+    docstring): (n, c1, c2, c3, A, W float64 transposed, |W| float32 transposed,
+    b float64, |b| c2)."""
+    w_mat = w.reshape(w.shape[0], -1) if layer.kind == "conv2d" else w
+    n = int(w_mat.shape[1])
+    g = gamma(n + 2, u) + gamma(n + 2, _V) + 4 * _V
+    c2 = g * (1.0 + 8 * _V)
+    b64 = b.to(BOUND_DTYPE) if b is not None else None
+    return (n, (1.0 + g) * (1.0 + 8 * _V), c2,
+            (1.0 + 2.0 * gamma(n + 4, _U32)) * (1.0 + 8 * _V),
+            4.0 * (n + 4) * (tiny_u + _TINY32 + _TINY64),
+            w_mat.to(BOUND_DTYPE).T, w_mat.abs().to(torch.float32).T,
+            b64, b64.abs() * c2 if b64 is not None else None)
+
+
+def _affine(layer: LayerSpec, prep: tuple, am: torch.Tensor,
+            ar: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) of one linear or convolution layer's output box (module docstring); the
+    in-place steps round exactly as the expressions they stand for."""
+    n, c1, c2, c3, big_a, w64_t, wabs32_t, b64, babs_c2 = prep
     if layer.kind == "conv2d":
-        out_c = w.shape[0]
-        w_mat = w.reshape(out_c, -1)                                   # (Cout, CKK)
-        n = int(w_mat.shape[1])
+        out_c = w64_t.shape[1]
         rows, _, h, wd = am.shape
         oh = (h + 2 * layer.padding - layer.kernel) // layer.stride + 1
         ow = (wd + 2 * layer.padding - layer.kernel) // layer.stride + 1
@@ -116,30 +133,23 @@ def _affine(layer: LayerSpec, w: torch.Tensor, b: torch.Tensor | None, am: torch
         def back(z):                                    # (rows L, Cout) -> (rows, Cout, oh, ow)
             return z.reshape(rows, oh * ow, out_c).transpose(1, 2).reshape(rows, out_c, oh, ow)
     else:
-        w_mat = w
-        n = int(w_mat.shape[1])
-
         def flat(x):
             return x
 
         def back(z):
             return z
-    g = gamma(n + 2, u) + gamma(n + 2, _V) + 4 * _V
-    c1 = (1.0 + g) * (1.0 + 8 * _V)
-    c2 = g * (1.0 + 8 * _V)
-    c3 = (1.0 + 2.0 * gamma(n + 4, _U32)) * (1.0 + 8 * _V)
-    big_a = 4.0 * (n + 4) * (tiny_u + _TINY32 + _TINY64)
-    w64 = w_mat.to(BOUND_DTYPE)
-    mid = flat(am) @ w64.T
-    t = am.abs() * c2 if ar is None else ar * c1 + am.abs() * c2
-    p = (flat(_cast_up32(t)) @ w_mat.abs().to(torch.float32).T).to(BOUND_DTYPE)
-    if b is not None:
-        b64 = b.to(BOUND_DTYPE)
-        mid = mid + b64
-        p = p + b64.abs() * c2
-    r = p * c3 + big_a
+    mid = flat(am) @ w64_t
+    t = am.abs().mul_(c2)
+    if ar is not None:
+        t = (ar * c1).add_(t)
+    t32 = t.mul_(1.0 + _UP32).add_(_TINY32).to(torch.float32)    # `_cast_up32`
+    p = (flat(t32) @ wabs32_t).to(BOUND_DTYPE)
+    if b64 is not None:
+        mid.add_(b64)
+        p.add_(babs_c2)
+    r = p.mul_(c3).add_(big_a)
     mid, r = back(mid), back(r)
-    return mid - r, mid + r
+    return mid - r, mid.add_(r)
 
 
 def feature_boxes(layers: tuple[LayerSpec, ...] | list[LayerSpec], first: int,
@@ -167,6 +177,9 @@ def feature_boxes(layers: tuple[LayerSpec, ...] | list[LayerSpec], first: int,
     finfo = torch.finfo(dtype)
     u, tiny_u = finfo.eps / 2.0, float(finfo.tiny)
     step = max(1, int(rows_per_pass))
+    preps = [_prepared(layer, params[f"{first + j}.weight"], params.get(f"{first + j}.bias"),
+                       u, tiny_u) if layer.kind in ("linear", "conv2d") else None
+             for j, layer in enumerate(layers)]
     los, his = [], []
     for i in range(0, max(1, x.shape[0]), step):
         # a fresh (aligned) copy, as Network.feature_boxes: the floats of a record must not
@@ -174,16 +187,14 @@ def feature_boxes(layers: tuple[LayerSpec, ...] | list[LayerSpec], first: int,
         exact = x[i:i + step].to(BOUND_DTYPE, copy=True)
         box = None                      # (lo, hi) once a layer has rounded
         for j, layer in enumerate(layers):
-            idx = first + j
             if layer.kind in ("linear", "conv2d"):
                 am, ar = (exact, None) if box is None else Interval(*box).midrad()
-                box = _affine(layer, params[f"{idx}.weight"], params.get(f"{idx}.bias"),
-                              am, ar, u, tiny_u)
+                box = _affine(layer, preps[j], am, ar)
             elif layer.kind == "relu":
                 if box is None:
                     exact = exact.clamp_min(0.0)
                 else:
-                    box = (box[0].clamp_min(0.0), box[1].clamp_min(0.0))
+                    box = (box[0].clamp_min_(0.0), box[1].clamp_min_(0.0))
             elif box is None:                                           # flatten
                 exact = exact.reshape(exact.shape[0], -1)
             else:

@@ -200,11 +200,13 @@ def test_screened_search_on_cuda_decides_as_the_reference_on_cuda(case):
     assert np.array_equal(screened.prediction, reference.prediction)
 
 
-def test_a_bar_without_the_float32_products_rounding_is_caught(monkeypatch):
+@pytest.mark.parametrize("case", ["ten classes", "one hidden, one logit"])
+def test_a_bar_without_the_float32_products_rounding_is_caught(monkeypatch, case):
     """The first layer's per-step products are float32 (module docstring): with their
     rounding left out of the bar (u32 = 0) the estimate leaves it on the same queries as
-    the test above (float64 digits), so that test can fail."""
-    b, x = _bundle_and_queries("ten classes")
+    the test above (float64 data; ten classes through the reference's head, one logit
+    through the rearranged one), so that test can fail."""
+    b, x = _bundle_and_queries(case)
     c = Certifier(b)
     monkeypatch.setattr(hidden_screen, "_U32", 0.0)
     queries = np.concatenate([x[:80], x[:20] * 1e3, x[:20] * 1e-3])
@@ -214,3 +216,32 @@ def test_a_bar_without_the_float32_products_rounding_is_caught(monkeypatch):
         ref = _reference_bound(c, feats, pred, torch.full_like(pred, j))
         escaped += int(((ref - est).abs() > err).sum())
     assert escaped > 0
+
+
+@pytest.mark.parametrize("case", ["one hidden, one logit, float32", "frozen prefix"])
+def test_the_rearranged_binary_head_is_the_reference_head_up_to_rounding(case):
+    """One logit behind a ReLU: the screen's sums over units (`_binary_head`) and the
+    reference's four-corner code (`Certifier.head_margin`) on the same hidden boxes agree
+    to float64 rounding (1e-12 of the magnitudes), while the float32 widenings they both
+    carry are about 1e-6 of them: a rearrangement that lost or doubled a widening term
+    would differ by far more (checked: the bias widening doubled)."""
+    b, x = _bundle_and_queries(case)
+    c = Certifier(b)
+    screen = c.hidden_screen
+    assert screen.binary
+    xq = c._check_queries(np.concatenate([x[:60], x[:20] * 1e3]))
+    feats = c._features(xq)
+    pred = torch.as_tensor(c.predict(xq.numpy()))
+    parts = screen.prepare(feats)
+    for j in range(0, len(c.k_values), 5):
+        box = torch.full_like(pred, j)
+        fm = screen.fm.graded(screen.k_values.index_select(0, box))
+        assert [layer.kind for _, layer in screen.body[1:]] == ["relu"]
+        h = hidden_screen.iv.relu(screen._first_layer(parts, box, fm)[0])
+        fast, _, m = screen._binary_head(h, torch.zeros_like(h.lo[:, 0]), pred, box, fm)
+        W = screen._box(f"{screen.last}.weight", box)
+        bias = screen._box(f"{screen.last}.bias", box)
+        ref = screen.head(h.map(lambda t: t[:, 0]), pred, W, bias, fm)
+        assert bool(((fast - ref).abs() <= 1e-12 * (m + 1e-300)).all()), f"box {j}"
+        widening = 2 * fm.coeff(1) * m
+        assert bool((widening > 1e-8 * m).all())

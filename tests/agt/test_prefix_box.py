@@ -150,9 +150,9 @@ def test_a_box_without_the_served_rounding_is_caught(monkeypatch):
     served pass's rounding leaves it."""
     layers, params = _prefix(0)
     x = _queries(0)
-    real = prefix_box._affine
-    monkeypatch.setattr(prefix_box, "_affine",
-                        lambda layer, w, b, am, ar, u, tiny_u: real(layer, w, b, am, ar, 0.0, 0.0))
+    real = prefix_box._prepared
+    monkeypatch.setattr(prefix_box, "_prepared",
+                        lambda layer, w, b, u, tiny_u: real(layer, w, b, 0.0, 0.0))
     box = prefix_box.feature_boxes(layers, 0, params, x, torch.float32, 5)
     assert _escapes(box, _exact(layers, params, x), _served_orders(layers, params, x)) > 0
 
