@@ -199,17 +199,17 @@ class AnsweringDoor:
                         continue
                     # each request is all or nothing within the batch: a refusal or a
                     # failed draw undoes what the request had recorded
-                    db.execute("SAVEPOINT request")
+                    db.savepoint()
                     mark = len(pending)
                     try:
                         out.append(self._answer_idempotent(item, rng, seeded))
                     except StoreError:
                         raise              # the database failed: every request rolls back
                     except (PrivacyError, DataError) as exc:
-                        db.execute("ROLLBACK TO SAVEPOINT request")
+                        db.rollback_to_savepoint()
                         del pending[mark:]
                         out.append(exc)
-                    db.execute("RELEASE SAVEPOINT request")
+                    db.release_savepoint()
                 if any(isinstance(a, Answered) and a.charges for a in out):
                     self._dataset = db.execute("SELECT dataset_sha256 FROM ledger_meta"
                                                ).fetchone()[0]

@@ -12,12 +12,12 @@ in between (the proof is in stores.py); a failure anywhere rolls every row back.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Sequence
 
 from agt.errors import BudgetExceededError, PrivacyError
 from mechanisms.accounting import Composition
 from mechanisms.ledger.records import _Charge, _now
+from mechanisms.ledger.schema import run_hashes
 from mechanisms.ledger.stores import StoreError
 from mechanisms.rdp import curve_to_bytes
 
@@ -236,6 +236,6 @@ class ChargePath:
             raise PrivacyError("internal: a run's hashes and its count differ")
         first = self._db.insert_run((int(count), _now(), request.inputs.source.source_id,
                                      request.mechanism.name, eps, delta, int(seeded), note,
-                                     json.dumps(list(hashes))))
+                                     run_hashes(hashes)))
         self._add_totals(eps, delta, count, request.client)
         return list(range(first, first + count))

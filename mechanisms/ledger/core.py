@@ -5,7 +5,6 @@ path (charge.py)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from mechanisms.ledger.schema import (
     _RDP_TABLES,
     _SCHEMA,
     _TABLES,
+    HASH_BYTES,
     MIGRATES_FROM,
     POSTGRES_TABLES,
     _check_given,
@@ -545,11 +545,13 @@ class Ledger(ChargePath, AnsweringDoor):
             runs = self._db.execute("SELECT id, count, time, source_id, mechanism, epsilon, "
                                     "delta, seeded, note, query_hashes FROM charge_runs "
                                     "ORDER BY id").fetchall()
-            for first, count, time, source, mech, eps, delta, seeded, note, hashes in runs:
-                hashes = json.loads(hashes)
-                if len(hashes) != int(count):
+            for first, count, time, source, mech, eps, delta, seeded, note, raw in runs:
+                raw = bytes(raw) if isinstance(raw, (bytes, bytearray, memoryview)) else b""
+                if len(raw) != HASH_BYTES * int(count):
                     raise PrivacyError(f"the ledger {self.path} is damaged: a run of {count} "
-                                       f"charges holds {len(hashes)} query hashes")
+                                       f"charges holds {len(raw)} bytes of query hashes")
+                text = raw.hex()
+                hashes = [text[64 * i:64 * i + 64] for i in range(int(count))]
                 out.extend(LedgerEntry(int(first) + i, time, source, h, mech, float(eps),
                                        float(delta), bool(seeded), note)
                            for i, h in enumerate(hashes))

@@ -145,7 +145,9 @@ class AnswerIndex:
         Raises:
             PrivacyError: a damaged block (its arrays disagree with its count).
         """
-        if store.last_block_id() < self.seen:
+        # the largest id and the blocks after `seen` in one statement (one snapshot)
+        top, blocks = store.blocks_since(self.seen)
+        if top < self.seen:
             # blocks are never removed, so their ids never go back: the file or database
             # was replaced (a backup restored) while this object held it open, and the
             # index holds answers the ledger no longer records
@@ -161,8 +163,7 @@ class AnswerIndex:
                 self.legacy.add(keys, np.array([int(v) for _, v in rows], dtype=np.int64))
         groups: dict[tuple, tuple[list, list]] = {}
         last = self.seen
-        for block_id, source, mechanism, params, seeded, count, digests, labels in \
-                store.blocks_after(self.seen):
+        for block_id, source, mechanism, params, seeded, count, digests, labels in blocks:
             d = np.frombuffer(bytes(digests), dtype=DIGEST)
             lab = np.frombuffer(bytes(labels), dtype=BLOCK_INT)
             if len(d) != int(count) or len(lab) != int(count):

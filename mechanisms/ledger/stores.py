@@ -48,6 +48,7 @@ from mechanisms.ledger.schema import (
     POSTGRES_FORMAT_VERSION,
     POSTGRES_SCHEMA,
     POSTGRES_TABLES,
+    run_hashes_from_json,
 )
 
 #: how a ledger is named by URL (anything else is an SQLite file's path)
@@ -91,20 +92,20 @@ class _BlockReads:
     """The answer blocks' reads, the same SQL on both backends (`has_table` of a
     PostgreSQL store answers True for every table of its schema)."""
 
-    def last_block_id(self) -> int:
-        """The largest answer block id (0 for none)."""
+    def blocks_since(self, seen: int) -> tuple[int, list[tuple]]:
+        """The largest answer block id (0 for none) and (id, source_id, mechanism, params,
+        seeded, count, digests, labels) of the blocks after id `seen`, in id order: one
+        statement (one snapshot, one round trip to a server)."""
         if not self.has_table("answer_blocks"):
-            return 0
-        return int(self.execute("SELECT COALESCE(MAX(id), 0) FROM answer_blocks").fetchone()[0])
-
-    def blocks_after(self, seen: int) -> list[tuple]:
-        """(id, source_id, mechanism, params, seeded, count, digests, labels) of the answer
-        blocks after id `seen`, in id order."""
-        if not self.has_table("answer_blocks"):
-            return []
-        return self.execute("SELECT id, source_id, mechanism, params, seeded, count, digests, "
-                            "labels FROM answer_blocks WHERE id > ? ORDER BY id",
-                            (int(seen),)).fetchall()
+            return 0, []
+        rows = self.execute(
+            "SELECT top.last, b.id, b.source_id, b.mechanism, b.params, b.seeded, b.count, "
+            "b.digests, b.labels FROM (SELECT COALESCE(MAX(id), 0) AS last FROM "
+            "answer_blocks) AS top LEFT JOIN answer_blocks AS b ON b.id > ? ORDER BY b.id",
+            (int(seen),)).fetchall()
+        last = int(rows[0][0])
+        self.next_block = last + 1
+        return last, [tuple(r[1:]) for r in rows if r[1] is not None]
 
     def legacy_answers(self) -> list[tuple[bytes, int]]:
         """(key, label) of the ``answers`` table (ledgers answered before the blocks)."""
@@ -113,7 +114,55 @@ class _BlockReads:
         return self.execute("SELECT key, label FROM answers").fetchall()
 
 
-class SqliteStore(_BlockReads):
+class _Savepoints:
+    """Savepoints of one request inside the answering door's write transaction, and the
+    counters a store keeps for that transaction (the next answer block id, read by the
+    catch-up; PostgreSQL's next charge id): a rollback to the savepoint puts them back where
+    they were, so ids stay consecutive, as if the request had never run."""
+
+    #: the next answer block id, known under the write lock (None: ask the table)
+    next_block: int | None = None
+
+    def _counters(self) -> tuple:
+        return (self.next_block,)
+
+    def _restore(self, counters: tuple) -> None:
+        (self.next_block,) = counters
+
+    def _forget(self) -> None:
+        """At the start and end of every transaction: nothing is known outside the lock."""
+        self.next_block = None
+        self._saved = None
+
+    def savepoint(self) -> None:
+        self.execute("SAVEPOINT request")
+        self._saved = self._counters()
+
+    def rollback_to_savepoint(self) -> None:
+        self.execute("ROLLBACK TO SAVEPOINT request")
+        self._restore(self._saved)
+
+    def release_savepoint(self) -> None:
+        self.execute("RELEASE SAVEPOINT request")
+
+    def insert_block(self, row: tuple) -> int:
+        """Append an answer block (source_id, mechanism, params, seeded, count, digests,
+        labels, release_ids) inside the write transaction; returns its id, the largest so
+        far plus one (the write lock makes this the only writer, so ids follow the order of
+        the commits): the one the catch-up read under this lock (`blocks_since`) and counted
+        on, else asked of the table."""
+        if self.next_block is None:
+            block_id = self._insert_block_after_last(row)
+        else:
+            block_id = self.next_block
+            self.execute("INSERT INTO answer_blocks (id, source_id, mechanism, params, seeded, "
+                         "count, digests, labels, release_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, "
+                         "?)", (block_id, *row))
+        self.next_block = block_id + 1
+        return block_id
+
+
+class SqliteStore(_Savepoints, _BlockReads):
     """A ledger in one SQLite file, in rollback-journal mode with synchronous writes."""
 
     kind = "SQLite"
@@ -171,17 +220,37 @@ class SqliteStore(_BlockReads):
         self.execute("BEGIN IMMEDIATE")
 
     def begin_write(self) -> None:
+        self._forget()
         self.execute("BEGIN IMMEDIATE")
 
     def commit(self) -> None:
+        self._forget()
         self.execute("COMMIT")
 
     def rollback(self) -> None:
+        self._forget()
         if self.conn.in_transaction:
             try:
                 self.conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+
+    def migrate_run_hashes(self) -> None:
+        """Inside the migration's transaction: every run's hashes of the old form (JSON
+        text) as bytes. The append-only trigger is lifted for this one conversion (the same
+        hashes in another form) and put back before the transaction commits."""
+        if not self.has_table("charge_runs"):
+            return
+        rows = self.execute("SELECT id, count, query_hashes FROM charge_runs WHERE "
+                            "typeof(query_hashes) = 'text'").fetchall()
+        if not rows:
+            return
+        self.execute("DROP TRIGGER IF EXISTS charge_runs_no_update")
+        self.executemany("UPDATE charge_runs SET query_hashes = ? WHERE id = ?",
+                         [(run_hashes_from_json(text, int(count)), int(i))
+                          for i, count, text in rows])
+        for statement in _CHARGE_RUNS_SQLITE:          # the trigger again
+            self.execute(statement)
 
     def tables(self) -> set[str]:
         return {r[0] for r in self.execute(
@@ -245,10 +314,7 @@ class SqliteStore(_BlockReads):
                      (start + 1, *row))
         return start + 1
 
-    def insert_block(self, row: tuple) -> int:
-        """Append an answer block (source_id, mechanism, params, seeded, count, digests,
-        labels, release_ids) inside the write transaction; returns its id (the largest so
-        far plus one: ids follow the order of the commits, one writer at a time)."""
+    def _insert_block_after_last(self, row: tuple) -> int:
         cursor = self.execute(
             "INSERT INTO answer_blocks (id, source_id, mechanism, params, seeded, count, "
             "digests, labels, release_ids) SELECT COALESCE(MAX(id), 0) + 1, ?, ?, ?, ?, ?, ?, "
@@ -259,7 +325,7 @@ class SqliteStore(_BlockReads):
         self.conn.close()
 
 
-class PostgresStore(_BlockReads):
+class PostgresStore(_Savepoints, _BlockReads):
     """A ledger in one PostgreSQL database (psycopg 3), shared by every process that opens
     its URL. The connection is opened again after it was lost (a restarted server, a
     terminated backend): the transaction it was in is rolled back by the server, so the
@@ -339,31 +405,70 @@ class PostgresStore(_BlockReads):
         self.execute("BEGIN")
         self.execute("SELECT pg_advisory_xact_lock(4242001)")
 
+    #: the next charge id, known under the write lock once asked (`_next_id`)
+    next_charge: int | None = None
+
+    def _counters(self) -> tuple:
+        return (self.next_block, self.next_charge)
+
+    def _restore(self, counters: tuple) -> None:
+        self.next_block, self.next_charge = counters
+
+    def _forget(self) -> None:
+        super()._forget()
+        self.next_charge = None
+
+    #: the write transaction's start, in one round trip: READ COMMITTED whatever the
+    #: database's default (each statement after the lock sees every transaction committed
+    #: before it was granted: module docstring), then the budget lock, every writer queued
+    #: on the one meta row (a statement of its own: its snapshot is taken after the BEGIN,
+    #: and the next statement's after the lock was granted)
+    _BEGIN_WRITE = ("BEGIN ISOLATION LEVEL READ COMMITTED; "
+                    "SELECT id FROM ledger_meta WHERE id = 1 FOR UPDATE")
+
     def begin_write(self) -> None:
+        self._forget()
         self._usable()
         try:
-            # READ COMMITTED whatever the database's default: each statement after the lock
-            # sees every transaction committed before it was granted (module docstring)
-            self.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            self.execute(self._BEGIN_WRITE)
         except StoreError:
             # a connection lost while idle shows only now; nothing was done yet: once more
             # on a new connection
             if not self.conn.broken:
                 raise
             self._usable()
-            self.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-        # the budget lock (module docstring): every writer queues on the one meta row
-        self.execute("SELECT id FROM ledger_meta WHERE id = 1 FOR UPDATE")
+            self.execute(self._BEGIN_WRITE)
 
     def commit(self) -> None:
+        self._forget()
         self.execute("COMMIT")
 
     def rollback(self) -> None:
+        self._forget()
         if self.in_transaction:
             try:
                 self.conn.execute("ROLLBACK")
             except self._psycopg.Error:
                 pass
+
+    def migrate_run_hashes(self) -> None:
+        """Inside the migration's transaction: the runs' hashes of the old form (a JSON
+        array of hex strings, TEXT) converted to their bytes (BYTEA) in place, with the
+        length check of the new format; a run that does not hold `count` hashes fails the
+        conversion, and nothing is changed."""
+        row = self.execute("SELECT data_type FROM information_schema.columns WHERE "
+                           "table_schema = current_schema() AND table_name = 'charge_runs' "
+                           "AND column_name = 'query_hashes'").fetchone()
+        if row is None or row[0] == "bytea":
+            return
+        for statement in (
+                "ALTER TABLE charge_runs ALTER COLUMN query_hashes TYPE BYTEA USING "
+                "decode(translate(query_hashes, '[]\", ', ''), 'hex')",
+                "ALTER TABLE charge_runs ADD CONSTRAINT charge_runs_hashes_length "
+                "CHECK (length(query_hashes) = 32 * count)",
+                "ALTER TABLE charge_runs ALTER COLUMN query_hashes SET STORAGE EXTERNAL",
+                "ALTER TABLE answer_blocks ALTER COLUMN digests SET STORAGE EXTERNAL"):
+            self.execute(statement)
 
     def tables(self) -> set[str]:
         return {r[0] for r in self.execute(
@@ -395,36 +500,38 @@ class PostgresStore(_BlockReads):
         """Insert charges inside the write transaction (one COPY); returns their ids,
         consecutive after the largest recorded (the budget lock makes this the only
         writer; the primary key would refuse a second)."""
-        start = self._last_id()
-        ids = list(range(start + 1, start + 1 + len(rows)))
+        start = self._next_id(len(rows))
+        ids = list(range(start, start + len(rows)))
         self._copy("releases", "id, time, source_id, query_hash, mechanism, epsilon, delta, "
                    "seeded, note", ("int8", "text", "text", "text", "text", "float8", "float8",
                                     "int4", "text"), ((i, *row) for i, row in zip(ids, rows)))
         return ids
 
-    def _last_id(self) -> int:
-        """The largest charge id recorded, of a ``releases`` row or of a run's last charge
-        (inside the write transaction: the budget lock makes this the only writer)."""
-        return int(self.execute(
-            "SELECT GREATEST((SELECT COALESCE(MAX(id), 0) FROM releases), (SELECT "
-            "COALESCE(MAX(id + count - 1), 0) FROM (SELECT id, count FROM charge_runs "
-            "ORDER BY id DESC LIMIT 1) AS last))").fetchone()[0])
+    def _next_id(self, count: int) -> int:
+        """Take the next `count` charge ids (inside the write transaction); returns the
+        first. The first call of a transaction asks the largest recorded, of a ``releases``
+        row or of a run's last charge (the budget lock makes this the only writer, so what
+        it read stays the largest until it commits); the later ones count on from it."""
+        if self.next_charge is None:
+            self.next_charge = 1 + int(self.execute(
+                "SELECT GREATEST((SELECT COALESCE(MAX(id), 0) FROM releases), (SELECT "
+                "COALESCE(MAX(id + count - 1), 0) FROM (SELECT id, count FROM charge_runs "
+                "ORDER BY id DESC LIMIT 1) AS last))").fetchone()[0])
+        start = self.next_charge
+        self.next_charge += int(count)
+        return start
 
     def insert_run(self, row: tuple) -> int:
         """Insert a run of charges (count, time, source_id, mechanism, epsilon, delta, seeded,
         note, query_hashes) inside the write transaction; returns its first id, after the
         largest recorded (the budget lock makes this the only writer)."""
-        start = self._last_id() + 1
+        start = self._next_id(int(row[0]))
         self.execute("INSERT INTO charge_runs (id, count, time, source_id, mechanism, epsilon, "
                      "delta, seeded, note, query_hashes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                      (start, *row))
         return start
 
-    def insert_block(self, row: tuple) -> int:
-        """Append an answer block (source_id, mechanism, params, seeded, count, digests,
-        labels, release_ids) inside the write transaction: one INSERT of bytea columns;
-        returns its id, the largest so far plus one (the budget lock makes this the only
-        writer, so ids follow the order of the commits)."""
+    def _insert_block_after_last(self, row: tuple) -> int:
         return int(self.execute(
             "INSERT INTO answer_blocks (id, source_id, mechanism, params, seeded, count, "
             "digests, labels, release_ids) SELECT COALESCE(MAX(id), 0) + 1, ?, ?, ?, ?, ?, "
