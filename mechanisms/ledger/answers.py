@@ -188,7 +188,7 @@ class AnsweringDoor:
         pending: list[tuple[int, tuple, NDArray, NDArray]] = []
         self._pending = pending
         try:
-            with self._writing() as db:
+            with self._writing(pipelined=True) as db:
                 db.ensure_answer_tables()
                 # under the write lock (module docstring): every block committed before
                 # this transaction is in the index before anything is decided
@@ -211,8 +211,7 @@ class AnsweringDoor:
                         out.append(exc)
                     db.release_savepoint()
                 if any(isinstance(a, Answered) and a.charges for a in out):
-                    self._dataset = db.execute("SELECT dataset_sha256 FROM ledger_meta"
-                                               ).fetchone()[0]
+                    self._dataset = db.read_dataset()
         finally:
             self._pending = None
         # committed (a rollback raised above and left the index as it was): the blocks
@@ -322,9 +321,9 @@ class AnsweringDoor:
                  "charged_delta": answered.charged_delta, "seeded": answered.seeded,
                  "charges": answered.charges, "sessions_opened": answered.sessions_opened,
                  "session_closed": answered.session_closed}
-        self._db.execute("INSERT INTO idempotency (client, key, request_sha256, answer, time) "
-                         "VALUES (?, ?, ?, ?, ?)", (request.client, request.idempotency_key,
-                                                    digest, json.dumps(saved), _now()))
+        self._db.write("INSERT INTO idempotency (client, key, request_sha256, answer, time) "
+                       "VALUES (?, ?, ?, ?, ?)", (request.client, request.idempotency_key,
+                                                  digest, json.dumps(saved), _now()))
         return answered
 
     def _answer_one(self, item: _Prepared, rng: np.random.Generator,
@@ -368,7 +367,7 @@ class AnsweringDoor:
                 item, fresh_inputs, rng, seeded, note)
         self._store_answers(namespace, digests[new], fresh, release_ids)
         if unbound:
-            db.execute("UPDATE ledger_meta SET dataset_sha256 = ?", (source.dataset_sha256,))
+            db.bind_dataset(source.dataset_sha256)
         # repeats within the request get their first occurrence's label
         known[np.searchsorted(unique, digests[new])] = fresh
         labels = np.where(hit, labels, known[inverse]).astype(np.int64)
@@ -500,7 +499,7 @@ class AnsweringDoor:
 
     def _store_session(self, client: str, source_id: str, mechanism: str, params: str,
                        session_id: int, state) -> None:
-        self._db.execute(
+        self._db.write(
             "INSERT INTO sessions (client, source_id, mechanism, params, release_id, rho, tops) "
             "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (client, source_id, mechanism) DO UPDATE "
             "SET params = excluded.params, release_id = excluded.release_id, "

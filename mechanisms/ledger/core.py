@@ -192,13 +192,13 @@ class Ledger(ChargePath, AnsweringDoor):
     # -- accounting -----------------------------------------------------------------------
 
     def _recorded_groups(self) -> list[SpendGroup]:
-        # the running totals, kept by a trigger in the same transaction as every charge,
-        # where the answering door has created them; else a scan of every charge
+        # the running totals, added to in the same transaction as every charge, where the
+        # answering door has created them (within a write transaction, the store's copy of
+        # what it read and added under the lock: stores.py); else a scan of every charge
         if self._has_totals():
-            rows = self._db.execute("SELECT epsilon, delta, count FROM spend_totals").fetchall()
-        else:
-            rows = self._db.execute("SELECT epsilon, delta, COUNT(*) FROM releases "
-                                      "GROUP BY epsilon, delta").fetchall()
+            return self._db.spend_groups()
+        rows = self._db.execute("SELECT epsilon, delta, COUNT(*) FROM releases "
+                                "GROUP BY epsilon, delta").fetchall()
         return [(float(e), float(d), int(c)) for e, d, c in rows]
 
     def _has_totals(self) -> bool:

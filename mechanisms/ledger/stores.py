@@ -32,6 +32,7 @@ decide nothing.
 
 from __future__ import annotations
 
+import copy
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -115,35 +116,103 @@ class _BlockReads:
 
 
 class _Savepoints:
-    """Savepoints of one request inside the answering door's write transaction, and the
-    counters a store keeps for that transaction (the next answer block id, read by the
-    catch-up; PostgreSQL's next charge id): a rollback to the savepoint puts them back where
-    they were, so ids stay consecutive, as if the request had never run."""
+    """What one write transaction knows of the ledger, and the savepoints of its requests.
+
+    Under the write lock this connection is the only writer (module docstring), so what it
+    read of the ledger's few hot rows -- the dataset it is bound to, the running totals of
+    the charges, all and per client -- stays true until it commits, changed only by its own
+    writes, which go through `bind_dataset` and `add_totals` and change the copy here with
+    the rows. A later read in the same transaction is answered from the copy: the same
+    values the database would return, without a round trip. The copy and the id counters
+    (the next answer block id, read by the catch-up; PostgreSQL's next charge id) exist only
+    between `begin_write` and the commit or rollback; a rollback to a request's savepoint
+    puts them back as they were at the savepoint, as the database does with its rows."""
 
     #: the next answer block id, known under the write lock (None: ask the table)
     next_block: int | None = None
+    #: the write transaction's copy of what it read or wrote (None: outside one)
+    known: dict | None = None
+    _saved: tuple | None = None
 
     def _counters(self) -> tuple:
-        return (self.next_block,)
+        return (self.next_block, copy.deepcopy(self.known))
 
     def _restore(self, counters: tuple) -> None:
-        (self.next_block,) = counters
+        self.next_block, self.known = counters
 
     def _forget(self) -> None:
         """At the start and end of every transaction: nothing is known outside the lock."""
         self.next_block = None
+        self.known = None
         self._saved = None
 
+    def read_dataset(self) -> str | None:
+        """The dataset the ledger is bound to (None: not yet)."""
+        known = self.known
+        if known is not None and "dataset" in known:
+            return known["dataset"]
+        value = self.execute("SELECT dataset_sha256 FROM ledger_meta").fetchone()[0]
+        if known is not None:
+            known["dataset"] = value
+        return value
+
+    def bind_dataset(self, dataset_sha256: str) -> None:
+        """Bind the ledger to its dataset (inside the write transaction)."""
+        self.write("UPDATE ledger_meta SET dataset_sha256 = ?", (dataset_sha256,))
+        if self.known is not None:
+            self.known["dataset"] = dataset_sha256
+
+    def _totals(self, key: tuple, sql: str, params: Sequence) -> dict:
+        known = self.known
+        if known is not None and key in known:
+            return known[key]
+        totals: dict[tuple[float, float], int] = {}
+        for e, d, c in self.execute(sql, params).fetchall():
+            totals[(float(e), float(d))] = totals.get((float(e), float(d)), 0) + int(c)
+        if known is not None:
+            known[key] = totals
+        return totals
+
+    def spend_groups(self) -> list[tuple[float, float, int]]:
+        """(epsilon, delta, count) of the running totals of every charge."""
+        totals = self._totals(("spend",), "SELECT epsilon, delta, count FROM spend_totals", ())
+        return [(e, d, c) for (e, d), c in totals.items()]
+
+    def client_groups(self, client: str) -> list[tuple[float, float, int]]:
+        """(epsilon, delta, count) of the running totals of one client's charges."""
+        totals = self._totals(("client", client), "SELECT epsilon, delta, count FROM "
+                              "client_totals WHERE client = ?", (client,))
+        return [(e, d, c) for (e, d), c in totals.items()]
+
+    def add_totals(self, epsilon: float, delta: float, count: int, client: str = "") -> None:
+        """Add `count` charges of (epsilon, delta) to the running totals (and the client's),
+        inside the write transaction."""
+        epsilon, delta, count = float(epsilon), float(delta), int(count)
+        self.write("INSERT INTO spend_totals (epsilon, delta, count) VALUES (?, ?, ?) "
+                   "ON CONFLICT (epsilon, delta) DO UPDATE SET count = spend_totals.count + "
+                   "excluded.count", (epsilon, delta, count))
+        if client:
+            self.write("INSERT INTO client_totals (client, epsilon, delta, count) VALUES "
+                       "(?, ?, ?, ?) ON CONFLICT (client, epsilon, delta) DO UPDATE SET count "
+                       "= client_totals.count + excluded.count",
+                       (client, epsilon, delta, count))
+        known = self.known
+        if known is None:
+            return
+        for key in (("spend",), ("client", client)) if client else (("spend",),):
+            if key in known:
+                known[key][(epsilon, delta)] = known[key].get((epsilon, delta), 0) + count
+
     def savepoint(self) -> None:
-        self.execute("SAVEPOINT request")
+        self.write("SAVEPOINT request")
         self._saved = self._counters()
 
     def rollback_to_savepoint(self) -> None:
-        self.execute("ROLLBACK TO SAVEPOINT request")
+        self.write("ROLLBACK TO SAVEPOINT request")
         self._restore(self._saved)
 
     def release_savepoint(self) -> None:
-        self.execute("RELEASE SAVEPOINT request")
+        self.write("RELEASE SAVEPOINT request")
 
     def insert_block(self, row: tuple) -> int:
         """Append an answer block (source_id, mechanism, params, seeded, count, digests,
@@ -155,7 +224,7 @@ class _Savepoints:
             block_id = self._insert_block_after_last(row)
         else:
             block_id = self.next_block
-            self.execute("INSERT INTO answer_blocks (id, source_id, mechanism, params, seeded, "
+            self.write("INSERT INTO answer_blocks (id, source_id, mechanism, params, seeded, "
                          "count, digests, labels, release_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, "
                          "?)", (block_id, *row))
         self.next_block = block_id + 1
@@ -212,6 +281,10 @@ class SqliteStore(_Savepoints, _BlockReads):
         except sqlite3.Error as exc:
             raise StoreError(self.reason(exc)) from None
 
+    def write(self, sql: str, params: Sequence = ()) -> None:
+        """A statement whose result the caller does not read (`PostgresStore.write`)."""
+        self.execute(sql, params)
+
     @property
     def in_transaction(self) -> bool:
         return self.conn.in_transaction
@@ -219,9 +292,10 @@ class SqliteStore(_Savepoints, _BlockReads):
     def begin_schema(self) -> None:
         self.execute("BEGIN IMMEDIATE")
 
-    def begin_write(self) -> None:
+    def begin_write(self, pipelined: bool = False) -> None:
         self._forget()
         self.execute("BEGIN IMMEDIATE")
+        self.known = {}
 
     def commit(self) -> None:
         self._forget()
@@ -309,9 +383,9 @@ class SqliteStore(_Savepoints, _BlockReads):
             start = int(seq[0])
             self.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'releases'",
                          (start + count,))
-        self.execute("INSERT INTO charge_runs (id, count, time, source_id, mechanism, epsilon, "
-                     "delta, seeded, note, query_hashes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     (start + 1, *row))
+        self.write("INSERT INTO charge_runs (id, count, time, source_id, mechanism, epsilon, "
+                   "delta, seeded, note, query_hashes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (start + 1, *row))
         return start + 1
 
     def _insert_block_after_last(self, row: tuple) -> int:
@@ -379,12 +453,46 @@ class PostgresStore(_Savepoints, _BlockReads):
             out = self._sql[sql] = sql.replace("?", "%s")
         return out
 
+    #: the answering door's write transaction runs in pipeline mode (`begin_write`)
+    _pipeline = None
+    _pipeline_context = None
+
     def execute(self, sql: str, params: Sequence = ()):
         conn = self.conn if self.in_transaction else self._usable()
         try:
-            return conn.execute(self._pg(sql), params or None)
+            cursor = conn.execute(self._pg(sql), params or None)
+            if self._pipeline is not None:
+                # the rows now, and the outcome of every write queued before it: an error
+                # of any of them raises here (and the caller rolls the transaction back)
+                self._pipeline.sync()
+            return cursor
         except self._psycopg.Error as exc:
             raise StoreError(self.reason(exc)) from None
+
+    def write(self, sql: str, params: Sequence = ()) -> None:
+        """A statement whose result the caller does not read: in a pipelined transaction it
+        is queued and sent with the next statement that is read (`execute`) or the COMMIT,
+        which raise its error if it failed; else executed at once. The ledger decides
+        nothing on what a write returns, so only the round trips change: every check still
+        reads, under the lock, what every write before it left."""
+        if self._pipeline is None:
+            self.execute(sql, params)
+            return
+        try:
+            self.conn.execute(self._pg(sql), params or None)
+        except self._psycopg.Error as exc:
+            raise StoreError(self.reason(exc)) from None
+
+    def _leave_pipeline(self, failed: bool) -> None:
+        context, self._pipeline = self._pipeline_context, None
+        self._pipeline_context = None
+        if context is None:
+            return
+        try:
+            context.__exit__(None, None, None)
+        except self._psycopg.Error as exc:
+            if not failed:
+                raise StoreError(self.reason(exc)) from None
 
     def executemany(self, sql: str, rows: Iterable[Sequence]) -> None:
         try:
@@ -409,10 +517,11 @@ class PostgresStore(_Savepoints, _BlockReads):
     next_charge: int | None = None
 
     def _counters(self) -> tuple:
-        return (self.next_block, self.next_charge)
+        return (*super()._counters(), self.next_charge)
 
     def _restore(self, counters: tuple) -> None:
-        self.next_block, self.next_charge = counters
+        super()._restore(counters[:-1])
+        self.next_charge = counters[-1]
 
     def _forget(self) -> None:
         super()._forget()
@@ -426,8 +535,12 @@ class PostgresStore(_Savepoints, _BlockReads):
     _BEGIN_WRITE = ("BEGIN ISOLATION LEVEL READ COMMITTED; "
                     "SELECT id FROM ledger_meta WHERE id = 1 FOR UPDATE")
 
-    def begin_write(self) -> None:
+    def begin_write(self, pipelined: bool = False) -> None:
+        """Begin the write transaction and take the budget lock; `pipelined`: the rest of
+        it in pipeline mode (`write`; not for `insert_releases`, whose COPY a pipeline does
+        not take)."""
         self._forget()
+        self._leave_pipeline(failed=True)
         self._usable()
         try:
             self.execute(self._BEGIN_WRITE)
@@ -438,13 +551,25 @@ class PostgresStore(_Savepoints, _BlockReads):
                 raise
             self._usable()
             self.execute(self._BEGIN_WRITE)
+        self.known = {}
+        if pipelined:
+            try:
+                context = self.conn.pipeline()
+                self._pipeline = context.__enter__()
+            except self._psycopg.Error as exc:
+                raise StoreError(self.reason(exc)) from None
+            self._pipeline_context = context
 
     def commit(self) -> None:
         self._forget()
+        # (pipelined: COMMIT and the sync in one round trip, then the outcome of it and of
+        # every write queued before it; only then does the caller release anything)
         self.execute("COMMIT")
+        self._leave_pipeline(failed=False)
 
     def rollback(self) -> None:
         self._forget()
+        self._leave_pipeline(failed=True)
         if self.in_transaction:
             try:
                 self.conn.execute("ROLLBACK")
@@ -526,9 +651,9 @@ class PostgresStore(_Savepoints, _BlockReads):
         note, query_hashes) inside the write transaction; returns its first id, after the
         largest recorded (the budget lock makes this the only writer)."""
         start = self._next_id(int(row[0]))
-        self.execute("INSERT INTO charge_runs (id, count, time, source_id, mechanism, epsilon, "
-                     "delta, seeded, note, query_hashes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     (start, *row))
+        self.write("INSERT INTO charge_runs (id, count, time, source_id, mechanism, epsilon, "
+                   "delta, seeded, note, query_hashes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (start, *row))
         return start
 
     def _insert_block_after_last(self, row: tuple) -> int:
