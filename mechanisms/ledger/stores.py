@@ -115,6 +115,14 @@ class _BlockReads:
         return self.execute("SELECT key, label FROM answers").fetchall()
 
 
+def _totals_of(rows) -> dict[tuple[float, float], int]:
+    """Rows (epsilon, delta, count) of a totals table as {(epsilon, delta): count}."""
+    totals: dict[tuple[float, float], int] = {}
+    for e, d, c in rows:
+        totals[(float(e), float(d))] = totals.get((float(e), float(d)), 0) + int(c)
+    return totals
+
+
 class _Savepoints:
     """What one write transaction knows of the ledger, and the savepoints of its requests.
 
@@ -166,9 +174,7 @@ class _Savepoints:
         known = self.known
         if known is not None and key in known:
             return known[key]
-        totals: dict[tuple[float, float], int] = {}
-        for e, d, c in self.execute(sql, params).fetchall():
-            totals[(float(e), float(d))] = totals.get((float(e), float(d)), 0) + int(c)
+        totals = _totals_of(self.execute(sql, params).fetchall())
         if known is not None:
             known[key] = totals
         return totals
@@ -534,31 +540,59 @@ class PostgresStore(_Savepoints, _BlockReads):
     #: and the next statement's after the lock was granted)
     _BEGIN_WRITE = ("BEGIN ISOLATION LEVEL READ COMMITTED; "
                     "SELECT id FROM ledger_meta WHERE id = 1 FOR UPDATE")
+    #: the largest charge id recorded, of a ``releases`` row or of a run's last charge
+    _LAST_ID = ("SELECT GREATEST((SELECT COALESCE(MAX(id), 0) FROM releases), (SELECT "
+                "COALESCE(MAX(id + count - 1), 0) FROM (SELECT id, count FROM charge_runs "
+                "ORDER BY id DESC LIMIT 1) AS last))")
 
     def begin_write(self, pipelined: bool = False) -> None:
         """Begin the write transaction and take the budget lock; `pipelined`: the rest of
         it in pipeline mode (`write`; not for `insert_releases`, whose COPY a pipeline does
-        not take)."""
+        not take), its start in one round trip with the reads every answering transaction
+        makes (`_begin_pipelined`)."""
         self._forget()
         self._leave_pipeline(failed=True)
-        self._usable()
-        try:
-            self.execute(self._BEGIN_WRITE)
-        except StoreError:
-            # a connection lost while idle shows only now; nothing was done yet: once more
-            # on a new connection
-            if not self.conn.broken:
-                raise
+        for attempt in (0, 1):
             self._usable()
-            self.execute(self._BEGIN_WRITE)
-        self.known = {}
-        if pipelined:
             try:
-                context = self.conn.pipeline()
-                self._pipeline = context.__enter__()
-            except self._psycopg.Error as exc:
-                raise StoreError(self.reason(exc)) from None
+                if pipelined:
+                    self._begin_pipelined()
+                else:
+                    self.execute(self._BEGIN_WRITE)
+                    self.known = {}
+                return
+            except StoreError:
+                self._leave_pipeline(failed=True)
+                self._forget()
+                # a connection lost while idle shows only now; nothing was done yet: once
+                # more on a new connection
+                if attempt or not self.conn.broken:
+                    raise
+
+    def _begin_pipelined(self) -> None:
+        """BEGIN, the budget lock, then the ledger's dataset, its running totals and its
+        largest charge id, sent together and answered in one round trip. The server runs
+        the statements of a pipeline one after the other, each read with a snapshot taken
+        when it starts (READ COMMITTED), so the reads run after the lock was granted and
+        see every transaction committed before (module docstring): the same values as if
+        each were asked alone after the lock, as `read_dataset`, `spend_groups` and
+        `_next_id` would."""
+        conn = self.conn
+        try:
+            context = conn.pipeline()
+            self._pipeline = context.__enter__()
             self._pipeline_context = context
+            conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            conn.execute("SELECT id FROM ledger_meta WHERE id = 1 FOR UPDATE")
+            dataset = conn.execute("SELECT dataset_sha256 FROM ledger_meta")
+            spend = conn.execute("SELECT epsilon, delta, count FROM spend_totals")
+            last = conn.execute(self._LAST_ID)
+            self._pipeline.sync()
+            self.known = {"dataset": dataset.fetchone()[0],
+                          ("spend",): _totals_of(spend.fetchall())}
+            self.next_charge = 1 + int(last.fetchone()[0])
+        except self._psycopg.Error as exc:
+            raise StoreError(self.reason(exc)) from None
 
     def commit(self) -> None:
         self._forget()
@@ -638,10 +672,7 @@ class PostgresStore(_Savepoints, _BlockReads):
         row or of a run's last charge (the budget lock makes this the only writer, so what
         it read stays the largest until it commits); the later ones count on from it."""
         if self.next_charge is None:
-            self.next_charge = 1 + int(self.execute(
-                "SELECT GREATEST((SELECT COALESCE(MAX(id), 0) FROM releases), (SELECT "
-                "COALESCE(MAX(id + count - 1), 0) FROM (SELECT id, count FROM charge_runs "
-                "ORDER BY id DESC LIMIT 1) AS last))").fetchone()[0])
+            self.next_charge = 1 + int(self.execute(self._LAST_ID).fetchone()[0])
         start = self.next_charge
         self.next_charge += int(count)
         return start

@@ -502,6 +502,47 @@ def test_a_rolled_back_transaction_leaves_nothing_in_the_index(name):
         assert len(ledger.recorded_answers()) == 14 == len(ledger._answer_index)
 
 
+
+class _FailingOnce(np.random.Generator):
+    """A generator whose first draw raises (a failed draw), and whose later ones do not."""
+
+    failed = False
+
+    def __getattribute__(self, attr):
+        if not attr.startswith("_") and attr != "failed" and not self.failed:
+            self.failed = True
+            raise RuntimeError("no entropy")
+        return super().__getattribute__(attr)
+
+
+def test_a_request_undone_at_its_savepoint_is_forgotten_by_the_transaction(name):
+    """A request refused at its draw, after its charges and totals were written, is undone at
+    its savepoint; what the transaction knows (the totals it read and added to, the next
+    charge and block ids) goes back with it, so the requests after it in the same batch are
+    checked against the budget without its charges and take the ids it would have taken."""
+    mech = make_mechanism("exp-radius", 0.5)
+    # 2 charged before, then a batch of 3 (undone) + 3 + 4: the budget fits 2 + 3 + 4 only
+    with Ledger.open(name, budget_epsilon=4.5) as ledger:
+        ledger.answer(mech, certified(2, 1), client="a")
+        out = ledger.answer_batch([AnswerRequest(mech, certified(3, 2), "a"),
+                                   AnswerRequest(mech, certified(3, 3), "b"),
+                                   AnswerRequest(mech, certified(4, 4), "a")],
+                                  insecure_rng=_FailingOnce(np.random.PCG64(1)))
+        assert isinstance(out[0], PrivacyError) and "drawing the labels failed" in str(out[0])
+        assert out[1].charges == 3 and out[2].charges == 4
+        assert [e.id for e in ledger.entries()] == list(range(1, 10))
+        assert ledger.spent().epsilon == 4.5
+        assert ledger.client_spent("a").epsilon == 3.0
+        with pytest.raises(BudgetExceededError):
+            ledger.answer(mech, certified(1, 5), client="b")
+        assert len(ledger.recorded_answers()) == 9
+    assert _raw(name, "SELECT epsilon, delta, count FROM spend_totals") == [(0.5, 0.0, 9)]
+    assert sorted(_raw(name, "SELECT client, count FROM client_totals")) == [("a", 6),
+                                                                             ("b", 3)]
+    assert _raw(name, "SELECT id, count FROM charge_runs ORDER BY id") == [(1, 2), (3, 3),
+                                                                          (6, 4)]
+    assert _raw(name, "SELECT id FROM answer_blocks ORDER BY id") == [(1,), (2,), (3,)]
+
 ANSWERER = """
 import sys
 import numpy as np
