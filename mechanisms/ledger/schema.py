@@ -139,6 +139,13 @@ _CHARGE_RUNS_SQLITE = (
         query_hashes BLOB NOT NULL CHECK (length(query_hashes) = 32 * count))""",
     """CREATE TRIGGER IF NOT EXISTS charge_runs_no_update BEFORE UPDATE ON charge_runs
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    # (SQLite keeps text in a BLOB column: a process of an older agt still running on a
+    # migrated ledger would write its JSON; refused, as is a run of the wrong length in a
+    # table declared before the length check)
+    """CREATE TRIGGER IF NOT EXISTS charge_runs_hash_bytes BEFORE INSERT ON charge_runs
+        WHEN typeof(NEW.query_hashes) != 'blob' OR length(NEW.query_hashes) != 32 * NEW.count
+        BEGIN SELECT RAISE(ABORT, 'charge runs hold 32 bytes per query hash: upgrade agt');
+        END""",
     """CREATE TRIGGER IF NOT EXISTS charge_runs_no_delete BEFORE DELETE ON charge_runs
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
 )

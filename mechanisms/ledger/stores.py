@@ -323,13 +323,13 @@ class SqliteStore(_Savepoints, _BlockReads):
             return
         rows = self.execute("SELECT id, count, query_hashes FROM charge_runs WHERE "
                             "typeof(query_hashes) = 'text'").fetchall()
-        if not rows:
-            return
-        self.execute("DROP TRIGGER IF EXISTS charge_runs_no_update")
-        self.executemany("UPDATE charge_runs SET query_hashes = ? WHERE id = ?",
-                         [(run_hashes_from_json(text, int(count)), int(i))
-                          for i, count, text in rows])
-        for statement in _CHARGE_RUNS_SQLITE:          # the trigger again
+        if rows:
+            self.execute("DROP TRIGGER IF EXISTS charge_runs_no_update")
+            self.executemany("UPDATE charge_runs SET query_hashes = ? WHERE id = ?",
+                             [(run_hashes_from_json(text, int(count)), int(i))
+                              for i, count, text in rows])
+        # the append-only trigger again, and the one that refuses an older agt's JSON
+        for statement in _CHARGE_RUNS_SQLITE:
             self.execute(statement)
 
     def tables(self) -> set[str]:

@@ -370,6 +370,10 @@ def test_runs_of_json_hashes_are_converted_to_bytes_on_open(name):
     for tamper in ("UPDATE charge_runs SET count = 1", "DELETE FROM charge_runs"):
         with pytest.raises(Exception, match="append-only"):
             _raw(name, tamper)
+    # an older agt still running on the migrated ledger cannot add a run of JSON hashes
+    with pytest.raises(Exception, match="upgrade agt|charge_runs_hashes_length"):
+        _raw(name, "INSERT INTO charge_runs VALUES (11, 1, 't', 's', 'm', 0.5, 0.0, 0, 'n', "
+                   "'[\"" + "0" * 64 + "\"]')")
 
 
 def test_a_damaged_run_of_json_hashes_is_refused_and_left_as_it_was(name):
