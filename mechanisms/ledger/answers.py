@@ -13,10 +13,12 @@ database (two processes, two replicas) never release two labels for one query:
    IMMEDIATE; PostgreSQL's row lock on ``ledger_meta``). So the writers are serial, and a
    block's id (the largest plus one, chosen under the lock) grows with the commit order.
 2. `answer_batch` opens its transaction, takes the lock, and only then catches the index
-   up: it reads every block with an id above the last one it holds. Under the lock, that
-   read sees every committed block (SQLite: the lock excludes other writers and the read
-   is of the file as committed; PostgreSQL, READ COMMITTED: the statement's snapshot is
-   taken after the lock was granted, hence after the commit of every earlier holder), and
+   up: it reads every block with an id above the last one it holds (with the largest id,
+   in one statement). Under the lock, that read sees every committed block (SQLite: the
+   lock excludes other writers and the read is of the file as committed; PostgreSQL, READ
+   COMMITTED: the statement's snapshot is taken after the lock was granted, hence after the
+   commit of every earlier holder; in pipeline mode too, where the server runs the
+   statements one after the other: stores.py), and
    no block is committed until this transaction ends. Every block committed before has an
    id at most the largest read (1.), so the index then holds every released answer.
 3. Every lookup that decides a release is made after that catch-up, inside the same

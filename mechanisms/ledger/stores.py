@@ -28,6 +28,18 @@ a check that passes keeps (every recorded charge + its own) within the budget, s
 recorded total never exceeds the budget under any interleaving of processes or replicas.
 Reads outside a write transaction (`Ledger.spent`, `/v1/budget`) may be a moment old: they
 decide nothing.
+
+Fewer round trips, the same reads. Inside the write transaction (i) the store keeps a copy
+of what it read of the ledger's few hot rows (the bound dataset, the running totals) and
+adds its own writes to it (`_Savepoints`): by the proof, no other writer changes them until
+the commit, so the copy equals what a new read would return, and a rollback to a request's
+savepoint puts the copy back as the database puts back the rows; (ii) PostgreSQL's
+answering transaction runs in pipeline mode: BEGIN, the lock and the first reads are sent
+together, and writes whose results are not read are sent with the next read or the COMMIT.
+The server runs a pipeline's statements one after the other, each read with its own
+snapshot taken when it starts, so every read still runs after the lock was granted and after
+every write before it; an error of any queued statement is raised at the next read or at the
+COMMIT, before anything is released, and the whole transaction is rolled back.
 """
 
 from __future__ import annotations
