@@ -13,10 +13,12 @@ database (two processes, two replicas) never release two labels for one query:
    IMMEDIATE; PostgreSQL's row lock on ``ledger_meta``). So the writers are serial, and a
    block's id (the largest plus one, chosen under the lock) grows with the commit order.
 2. `answer_batch` opens its transaction, takes the lock, and only then catches the index
-   up: it reads every block with an id above the last one it holds. Under the lock, that
-   read sees every committed block (SQLite: the lock excludes other writers and the read
-   is of the file as committed; PostgreSQL, READ COMMITTED: the statement's snapshot is
-   taken after the lock was granted, hence after the commit of every earlier holder), and
+   up: it reads every block with an id above the last one it holds (with the largest id,
+   in one statement). Under the lock, that read sees every committed block (SQLite: the
+   lock excludes other writers and the read is of the file as committed; PostgreSQL, READ
+   COMMITTED: the statement's snapshot is taken after the lock was granted, hence after the
+   commit of every earlier holder; in pipeline mode too, where the server runs the
+   statements one after the other: stores.py), and
    no block is committed until this transaction ends. Every block committed before has an
    id at most the largest read (1.), so the index then holds every released answer.
 3. Every lookup that decides a release is made after that catch-up, inside the same
@@ -188,7 +190,7 @@ class AnsweringDoor:
         pending: list[tuple[int, tuple, NDArray, NDArray]] = []
         self._pending = pending
         try:
-            with self._writing() as db:
+            with self._writing(pipelined=True) as db:
                 db.ensure_answer_tables()
                 # under the write lock (module docstring): every block committed before
                 # this transaction is in the index before anything is decided
@@ -199,20 +201,19 @@ class AnsweringDoor:
                         continue
                     # each request is all or nothing within the batch: a refusal or a
                     # failed draw undoes what the request had recorded
-                    db.execute("SAVEPOINT request")
+                    db.savepoint()
                     mark = len(pending)
                     try:
                         out.append(self._answer_idempotent(item, rng, seeded))
                     except StoreError:
                         raise              # the database failed: every request rolls back
                     except (PrivacyError, DataError) as exc:
-                        db.execute("ROLLBACK TO SAVEPOINT request")
+                        db.rollback_to_savepoint()
                         del pending[mark:]
                         out.append(exc)
-                    db.execute("RELEASE SAVEPOINT request")
+                    db.release_savepoint()
                 if any(isinstance(a, Answered) and a.charges for a in out):
-                    self._dataset = db.execute("SELECT dataset_sha256 FROM ledger_meta"
-                                               ).fetchone()[0]
+                    self._dataset = db.read_dataset()
         finally:
             self._pending = None
         # committed (a rollback raised above and left the index as it was): the blocks
@@ -322,9 +323,9 @@ class AnsweringDoor:
                  "charged_delta": answered.charged_delta, "seeded": answered.seeded,
                  "charges": answered.charges, "sessions_opened": answered.sessions_opened,
                  "session_closed": answered.session_closed}
-        self._db.execute("INSERT INTO idempotency (client, key, request_sha256, answer, time) "
-                         "VALUES (?, ?, ?, ?, ?)", (request.client, request.idempotency_key,
-                                                    digest, json.dumps(saved), _now()))
+        self._db.write("INSERT INTO idempotency (client, key, request_sha256, answer, time) "
+                       "VALUES (?, ?, ?, ?, ?)", (request.client, request.idempotency_key,
+                                                  digest, json.dumps(saved), _now()))
         return answered
 
     def _answer_one(self, item: _Prepared, rng: np.random.Generator,
@@ -368,7 +369,7 @@ class AnsweringDoor:
                 item, fresh_inputs, rng, seeded, note)
         self._store_answers(namespace, digests[new], fresh, release_ids)
         if unbound:
-            db.execute("UPDATE ledger_meta SET dataset_sha256 = ?", (source.dataset_sha256,))
+            db.bind_dataset(source.dataset_sha256)
         # repeats within the request get their first occurrence's label
         known[np.searchsorted(unique, digests[new])] = fresh
         labels = np.where(hit, labels, known[inverse]).astype(np.int64)
@@ -500,7 +501,7 @@ class AnsweringDoor:
 
     def _store_session(self, client: str, source_id: str, mechanism: str, params: str,
                        session_id: int, state) -> None:
-        self._db.execute(
+        self._db.write(
             "INSERT INTO sessions (client, source_id, mechanism, params, release_id, rho, tops) "
             "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (client, source_id, mechanism) DO UPDATE "
             "SET params = excluded.params, release_id = excluded.release_id, "

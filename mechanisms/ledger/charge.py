@@ -12,12 +12,12 @@ in between (the proof is in stores.py); a failure anywhere rolls every row back.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Sequence
 
 from agt.errors import BudgetExceededError, PrivacyError
 from mechanisms.accounting import Composition
 from mechanisms.ledger.records import _Charge, _now
+from mechanisms.ledger.schema import run_hashes
 from mechanisms.ledger.stores import StoreError
 from mechanisms.rdp import curve_to_bytes
 
@@ -27,13 +27,15 @@ class ChargePath:
     accounting reads it uses live in core.py)."""
 
     @contextlib.contextmanager
-    def _writing(self):
+    def _writing(self, pipelined: bool = False):
         """One write transaction (the ledger's write lock: concurrent processes are
         serialised): committed when the block ends, rolled back when it raises; a database
-        error is a PrivacyError saying that nothing was released."""
+        error is a PrivacyError saying that nothing was released. `pipelined`: the store
+        may queue the statements whose results are not read (`write`) until the next read
+        or the commit (PostgreSQL's pipeline mode)."""
         db = self._db
         try:
-            db.begin_write()
+            db.begin_write(pipelined)
         except StoreError as exc:
             db.rollback()
             raise PrivacyError(f"cannot write the privacy ledger {self.path} ({exc}); "
@@ -52,7 +54,7 @@ class ChargePath:
     def _bind_dataset(self, dataset_sha256: str) -> bool:
         """Inside a write transaction: refuse inputs of another dataset than the ledger's;
         returns whether the ledger is still unbound (the first charge binds it)."""
-        bound = self._db.execute("SELECT dataset_sha256 FROM ledger_meta").fetchone()[0]
+        bound = self._db.read_dataset()
         if bound is not None and bound != dataset_sha256:
             raise PrivacyError(   # no hashes: they identify the private datasets
                 f"the ledger {self.path} accounts for another dataset than these inputs "
@@ -68,7 +70,7 @@ class ChargePath:
             # one release charges every query (or its one session) the same (eps, delta)
             self._check_budget(charges[0].epsilon, charges[0].delta, len(charges), curve)
             if unbound:
-                db.execute("UPDATE ledger_meta SET dataset_sha256 = ?", (dataset_sha256,))
+                db.bind_dataset(dataset_sha256)
             ids = self._insert_charges(charges, curve)
         self._dataset = dataset_sha256
         return ids
@@ -92,16 +94,7 @@ class ChargePath:
     def _add_totals(self, epsilon: float, delta: float, count: int, client: str = "") -> None:
         """Add `count` charges of (epsilon, delta) to the running totals (and the client's):
         integer counts per exact (epsilon, delta), summed by the accountant only."""
-        self._db.execute(
-            "INSERT INTO spend_totals (epsilon, delta, count) VALUES (?, ?, ?) "
-            "ON CONFLICT (epsilon, delta) DO UPDATE SET count = spend_totals.count + "
-            "excluded.count", (float(epsilon), float(delta), int(count)))
-        if client:
-            self._db.execute(
-                "INSERT INTO client_totals (client, epsilon, delta, count) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (client, epsilon, delta) DO UPDATE SET count = "
-                "client_totals.count + excluded.count",
-                (client, float(epsilon), float(delta), int(count)))
+        self._db.add_totals(epsilon, delta, count, client)
 
     def _check_budget(self, epsilon: float, delta: float, count: int,
                       curve: tuple[float, ...] | None = None) -> None:
@@ -159,9 +152,7 @@ class ChargePath:
             f"delta={spent.delta!r}) is spent; nothing was released: {advice}")
 
     def _client_groups(self, client: str) -> list[tuple[float, float, int]]:
-        rows = self._db.execute("SELECT epsilon, delta, count FROM client_totals WHERE "
-                                "client = ?", (client,)).fetchall()
-        return [(float(e), float(d), int(c)) for e, d, c in rows]
+        return self._db.client_groups(client)
 
     def _client_total(self, recorded: list[tuple[float, float, int]], budget_delta: float,
                       epsilon: float, delta: float, count: int) -> Composition:
@@ -236,6 +227,6 @@ class ChargePath:
             raise PrivacyError("internal: a run's hashes and its count differ")
         first = self._db.insert_run((int(count), _now(), request.inputs.source.source_id,
                                      request.mechanism.name, eps, delta, int(seeded), note,
-                                     json.dumps(list(hashes))))
+                                     run_hashes(hashes)))
         self._add_totals(eps, delta, count, request.client)
         return list(range(first, first + count))

@@ -5,7 +5,6 @@ path (charge.py)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from mechanisms.ledger.schema import (
     _RDP_TABLES,
     _SCHEMA,
     _TABLES,
+    HASH_BYTES,
     MIGRATES_FROM,
     POSTGRES_TABLES,
     _check_given,
@@ -193,13 +193,13 @@ class Ledger(ChargePath, AnsweringDoor):
     # -- accounting -----------------------------------------------------------------------
 
     def _recorded_groups(self) -> list[SpendGroup]:
-        # the running totals, kept by a trigger in the same transaction as every charge,
-        # where the answering door has created them; else a scan of every charge
+        # the running totals, added to in the same transaction as every charge, where the
+        # answering door has created them (within a write transaction, the store's copy of
+        # what it read and added under the lock: stores.py); else a scan of every charge
         if self._has_totals():
-            rows = self._db.execute("SELECT epsilon, delta, count FROM spend_totals").fetchall()
-        else:
-            rows = self._db.execute("SELECT epsilon, delta, COUNT(*) FROM releases "
-                                      "GROUP BY epsilon, delta").fetchall()
+            return self._db.spend_groups()
+        rows = self._db.execute("SELECT epsilon, delta, COUNT(*) FROM releases "
+                                "GROUP BY epsilon, delta").fetchall()
         return [(float(e), float(d), int(c)) for e, d, c in rows]
 
     def _has_totals(self) -> bool:
@@ -546,11 +546,13 @@ class Ledger(ChargePath, AnsweringDoor):
             runs = self._db.execute("SELECT id, count, time, source_id, mechanism, epsilon, "
                                     "delta, seeded, note, query_hashes FROM charge_runs "
                                     "ORDER BY id").fetchall()
-            for first, count, time, source, mech, eps, delta, seeded, note, hashes in runs:
-                hashes = json.loads(hashes)
-                if len(hashes) != int(count):
+            for first, count, time, source, mech, eps, delta, seeded, note, raw in runs:
+                raw = bytes(raw) if isinstance(raw, (bytes, bytearray, memoryview)) else b""
+                if len(raw) != HASH_BYTES * int(count):
                     raise PrivacyError(f"the ledger {self.path} is damaged: a run of {count} "
-                                       f"charges holds {len(hashes)} query hashes")
+                                       f"charges holds {len(raw)} bytes of query hashes")
+                text = raw.hex()
+                hashes = [text[64 * i:64 * i + 64] for i in range(int(count))]
                 out.extend(LedgerEntry(int(first) + i, time, source, h, mech, float(eps),
                                        float(delta), bool(seeded), note)
                            for i, h in enumerate(hashes))

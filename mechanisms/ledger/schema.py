@@ -18,6 +18,8 @@ integers; every sum is made by the accountant, in exact rationals rounded up
 
 from __future__ import annotations
 
+import json
+
 from agt.errors import PrivacyError
 from mechanisms.accounting import ACCOUNTANTS, Accountant
 from mechanisms.checks import check_delta, check_epsilon, privacy_problems
@@ -25,14 +27,18 @@ from mechanisms.guarantee import REPLACE_ONE, check_relation
 from mechanisms.ledger.records import _now
 
 #: the SQLite ledger's format (3: the answering door records a request's charges as one
-#: ``charge_runs`` row; 4: and its answers as one ``answer_blocks`` row)
-FORMAT_VERSION = 4
+#: ``charge_runs`` row; 4: and its answers as one ``answer_blocks`` row; 5: a run's query
+#: hashes as 32 bytes each, not a JSON array of hex strings)
+FORMAT_VERSION = 5
 #: the PostgreSQL ledger's format (its own line of versions; 2: ``charge_runs``; 3:
-#: ``answer_blocks``)
-POSTGRES_FORMAT_VERSION = 3
+#: ``answer_blocks``; 4: a run's query hashes as ``bytea``, 32 bytes each)
+POSTGRES_FORMAT_VERSION = 4
 #: per backend, the formats this code migrates to its own on open (the ones before lack only
-#: tables the migration adds: ``charge_runs``, ``answer_blocks``; their rows stay as they are)
-MIGRATES_FROM = {"SQLite": (2, 3), "PostgreSQL": (1, 2)}
+#: tables the migration adds: ``charge_runs``, ``answer_blocks``, and hold a run's hashes as
+#: JSON text, converted to bytes in the migration's transaction: `migrate_run_hashes`)
+MIGRATES_FROM = {"SQLite": (2, 3, 4), "PostgreSQL": (1, 2, 3)}
+#: the bytes of one query hash in a charge run (SHA-256, `hash_query`)
+HASH_BYTES = 32
 _TABLES = {"ledger_meta", "releases", "sqlite_sequence"}
 #: tables the answering door (`Ledger.answer_batch`) adds on first use: running totals of the
 #: charges, all and per client (so a budget check reads a few rows, not every charge; every
@@ -118,18 +124,28 @@ _IDEMPOTENCY_SQLITE = (
 
 #: the answering door's charges, one row per request: ``count`` charges of (epsilon,
 #: delta) with the consecutive ids ``id .. id + count - 1`` (shared with ``releases``: one
-#: sequence of charge ids), their query hashes a JSON array in charge order. One row and one
-#: index entry instead of ``count``: the durable writes of a request no longer grow with
-#: its rows' text (`Ledger.entries` expands a run into its charges)
+#: sequence of charge ids), their query hashes in charge order as ``32 x count`` bytes (each
+#: hash's SHA-256 digest; format 4 and before: a JSON array of hex strings, converted when
+#: opened). One row and one index entry instead of ``count``: the durable writes of a
+#: request no longer grow with its rows' text (`Ledger.entries` expands a run into its
+#: charges)
 _CHARGE_RUNS_SQLITE = (
     """CREATE TABLE IF NOT EXISTS charge_runs (id INTEGER PRIMARY KEY,
         count INTEGER NOT NULL CHECK (count > 0), time TEXT NOT NULL,
         source_id TEXT NOT NULL, mechanism TEXT NOT NULL,
         epsilon REAL NOT NULL CHECK (epsilon > 0),
         delta REAL NOT NULL CHECK (delta >= 0 AND delta < 1), seeded INTEGER NOT NULL,
-        note TEXT NOT NULL, query_hashes TEXT NOT NULL)""",
+        note TEXT NOT NULL,
+        query_hashes BLOB NOT NULL CHECK (length(query_hashes) = 32 * count))""",
     """CREATE TRIGGER IF NOT EXISTS charge_runs_no_update BEFORE UPDATE ON charge_runs
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
+    # (SQLite keeps text in a BLOB column: a process of an older agt still running on a
+    # migrated ledger would write its JSON; refused, as is a run of the wrong length in a
+    # table declared before the length check)
+    """CREATE TRIGGER IF NOT EXISTS charge_runs_hash_bytes BEFORE INSERT ON charge_runs
+        WHEN typeof(NEW.query_hashes) != 'blob' OR length(NEW.query_hashes) != 32 * NEW.count
+        BEGIN SELECT RAISE(ABORT, 'charge runs hold 32 bytes per query hash: upgrade agt');
+        END""",
     """CREATE TRIGGER IF NOT EXISTS charge_runs_no_delete BEFORE DELETE ON charge_runs
         BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END""",
 )
@@ -252,13 +268,18 @@ POSTGRES_SCHEMA = (
         source_id TEXT NOT NULL, mechanism TEXT NOT NULL,
         epsilon DOUBLE PRECISION NOT NULL CHECK (epsilon > 0),
         delta DOUBLE PRECISION NOT NULL CHECK (delta >= 0 AND delta < 1),
-        seeded INTEGER NOT NULL, note TEXT NOT NULL, query_hashes TEXT NOT NULL)""",
+        seeded INTEGER NOT NULL, note TEXT NOT NULL,
+        query_hashes BYTEA NOT NULL CONSTRAINT charge_runs_hashes_length
+            CHECK (length(query_hashes) = 32 * count))""",
     """CREATE TABLE IF NOT EXISTS answer_blocks (id BIGINT PRIMARY KEY,
         source_id TEXT NOT NULL, mechanism TEXT NOT NULL, params TEXT NOT NULL,
         seeded INTEGER NOT NULL, count INTEGER NOT NULL CHECK (count > 0),
         digests BYTEA NOT NULL CHECK (length(digests) = 16 * count),
         labels BYTEA NOT NULL CHECK (length(labels) = 8 * count),
         release_ids BYTEA NOT NULL CHECK (length(release_ids) = 8 * count))""",
+    # random bytes do not compress: stored out of line as they are, no compression tried
+    "ALTER TABLE charge_runs ALTER COLUMN query_hashes SET STORAGE EXTERNAL",
+    "ALTER TABLE answer_blocks ALTER COLUMN digests SET STORAGE EXTERNAL",
     """CREATE TABLE IF NOT EXISTS sessions (client TEXT NOT NULL, source_id TEXT NOT NULL,
         mechanism TEXT NOT NULL, params TEXT NOT NULL, release_id BIGINT NOT NULL,
         rho INTEGER NOT NULL, tops INTEGER NOT NULL,
@@ -317,7 +338,9 @@ def _read_meta(store, path: str, migrate: bool = False) -> dict | None:
     meta = dict(zip(cols, row))
     if migrate and meta.get("format_version") in MIGRATES_FROM[store.kind]:
         # the changes since: the answering door's runs and blocks, tables created beside
-        # the old ones (already created by the caller); the old rows stay as they are
+        # the old ones (already created by the caller), and the runs' hashes as bytes (the
+        # same hashes, converted in this transaction); the other rows stay as they are
+        store.migrate_run_hashes()
         store.execute("UPDATE ledger_meta SET format_version = ?", (store.format_version,))
         meta["format_version"] = store.format_version
     newer_check(store, path, meta.get("format_version"))
@@ -327,6 +350,59 @@ def _read_meta(store, path: str, migrate: bool = False) -> dict | None:
                            f"(bound to one dataset and relation); start a new ledger "
                            f"({store.kind == 'SQLite' and 'file' or 'database'})")
     return meta
+
+
+def run_hashes(hashes) -> bytes:
+    """A run's query hashes as its ``query_hashes`` column holds them: each hash's 32
+    bytes, in charge order.
+
+    Args:
+        hashes: 64-digit lowercase hex strings (`hash_query`).
+
+    Returns:
+        ``32 x len(hashes)`` bytes.
+
+    Raises:
+        PrivacyError: a hash that is not 64 hex digits.
+    """
+    joined = "".join(hashes)
+    try:
+        raw = bytes.fromhex(joined)
+    except ValueError:
+        raw = b""
+    # lowercase only: the hashes read back (`Ledger.entries`) are the ones recorded
+    if len(raw) != HASH_BYTES * len(hashes) or len(joined) != 64 * len(hashes) or \
+            joined != joined.lower() or any(len(h) != 64 for h in hashes):
+        raise PrivacyError("internal: a charge run's query hashes must be 64 lowercase hex "
+                           "digits each")
+    return raw
+
+
+def run_hashes_from_json(text: str, count: int) -> bytes:
+    """A run's query hashes as format 4 (SQLite) / 3 (PostgreSQL) and before stored them (a
+    JSON array of 64-digit hex strings), as the bytes the formats after store.
+
+    Args:
+        text: the JSON array.
+        count: the run's number of charges.
+
+    Returns:
+        The ``32 x count`` bytes of the hashes, in order.
+
+    Raises:
+        PrivacyError: the text is not `count` hashes (a damaged run: nothing is converted).
+    """
+    try:
+        hashes = json.loads(text)
+        raw = bytes.fromhex("".join(hashes))
+        ok = isinstance(hashes, list) and len(hashes) == count and \
+            all(isinstance(h, str) and len(h) == 64 for h in hashes)
+    except (ValueError, TypeError):
+        ok = False
+    if not ok or len(raw) != HASH_BYTES * count:
+        raise PrivacyError(f"a charge run of {count} charges does not hold {count} query "
+                           f"hashes; the ledger is damaged (nothing was changed)")
+    return raw
 
 
 def newer_check(store, path: str, version) -> None:

@@ -32,10 +32,23 @@ a check that passes keeps (every recorded charge + its own) within the budget, s
 recorded total never exceeds the budget under any interleaving of processes or replicas.
 Reads outside a write transaction (`Ledger.spent`, `/v1/budget`) may be a moment old: they
 decide nothing.
+
+Fewer round trips, the same reads. Inside the write transaction (i) the store keeps a copy
+of what it read of the ledger's few hot rows (the bound dataset, the running totals) and
+adds its own writes to it (`_Savepoints`): by the proof, no other writer changes them until
+the commit, so the copy equals what a new read would return, and a rollback to a request's
+savepoint puts the copy back as the database puts back the rows; (ii) PostgreSQL's
+answering transaction runs in pipeline mode: BEGIN, the lock and the first reads are sent
+together, and writes whose results are not read are sent with the next read or the COMMIT.
+The server runs a pipeline's statements one after the other, each read with its own
+snapshot taken when it starts, so every read still runs after the lock was granted and after
+every write before it; an error of any queued statement is raised at the next read or at the
+COMMIT, before anything is released, and the whole transaction is rolled back.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -52,6 +65,7 @@ from mechanisms.ledger.schema import (
     POSTGRES_FORMAT_VERSION,
     POSTGRES_SCHEMA,
     POSTGRES_TABLES,
+    run_hashes_from_json,
 )
 
 #: how a ledger is named by URL (anything else is an SQLite file's path)
@@ -95,20 +109,20 @@ class _BlockReads:
     """The answer blocks' reads, the same SQL on both backends (`has_table` of a
     PostgreSQL store answers True for every table of its schema)."""
 
-    def last_block_id(self) -> int:
-        """The largest answer block id (0 for none)."""
+    def blocks_since(self, seen: int) -> tuple[int, list[tuple]]:
+        """The largest answer block id (0 for none) and (id, source_id, mechanism, params,
+        seeded, count, digests, labels) of the blocks after id `seen`, in id order: one
+        statement (one snapshot, one round trip to a server)."""
         if not self.has_table("answer_blocks"):
-            return 0
-        return int(self.execute("SELECT COALESCE(MAX(id), 0) FROM answer_blocks").fetchone()[0])
-
-    def blocks_after(self, seen: int) -> list[tuple]:
-        """(id, source_id, mechanism, params, seeded, count, digests, labels) of the answer
-        blocks after id `seen`, in id order."""
-        if not self.has_table("answer_blocks"):
-            return []
-        return self.execute("SELECT id, source_id, mechanism, params, seeded, count, digests, "
-                            "labels FROM answer_blocks WHERE id > ? ORDER BY id",
-                            (int(seen),)).fetchall()
+            return 0, []
+        rows = self.execute(
+            "SELECT top.last, b.id, b.source_id, b.mechanism, b.params, b.seeded, b.count, "
+            "b.digests, b.labels FROM (SELECT COALESCE(MAX(id), 0) AS last FROM "
+            "answer_blocks) AS top LEFT JOIN answer_blocks AS b ON b.id > ? ORDER BY b.id",
+            (int(seen),)).fetchall()
+        last = int(rows[0][0])
+        self.next_block = last + 1
+        return last, [tuple(r[1:]) for r in rows if r[1] is not None]
 
     def legacy_answers(self) -> list[tuple[bytes, int]]:
         """(key, label) of the ``answers`` table (ledgers answered before the blocks)."""
@@ -117,7 +131,129 @@ class _BlockReads:
         return self.execute("SELECT key, label FROM answers").fetchall()
 
 
-class SqliteStore(_BlockReads):
+def _totals_of(rows) -> dict[tuple[float, float], int]:
+    """Rows (epsilon, delta, count) of a totals table as {(epsilon, delta): count}."""
+    totals: dict[tuple[float, float], int] = {}
+    for e, d, c in rows:
+        totals[(float(e), float(d))] = totals.get((float(e), float(d)), 0) + int(c)
+    return totals
+
+
+class _Savepoints:
+    """What one write transaction knows of the ledger, and the savepoints of its requests.
+
+    Under the write lock this connection is the only writer (module docstring), so what it
+    read of the ledger's few hot rows -- the dataset it is bound to, the running totals of
+    the charges, all and per client -- stays true until it commits, changed only by its own
+    writes, which go through `bind_dataset` and `add_totals` and change the copy here with
+    the rows. A later read in the same transaction is answered from the copy: the same
+    values the database would return, without a round trip. The copy and the id counters
+    (the next answer block id, read by the catch-up; PostgreSQL's next charge id) exist only
+    between `begin_write` and the commit or rollback; a rollback to a request's savepoint
+    puts them back as they were at the savepoint, as the database does with its rows."""
+
+    #: the next answer block id, known under the write lock (None: ask the table)
+    next_block: int | None = None
+    #: the write transaction's copy of what it read or wrote (None: outside one)
+    known: dict | None = None
+    _saved: tuple | None = None
+
+    def _counters(self) -> tuple:
+        return (self.next_block, copy.deepcopy(self.known))
+
+    def _restore(self, counters: tuple) -> None:
+        self.next_block, self.known = counters
+
+    def _forget(self) -> None:
+        """At the start and end of every transaction: nothing is known outside the lock."""
+        self.next_block = None
+        self.known = None
+        self._saved = None
+
+    def read_dataset(self) -> str | None:
+        """The dataset the ledger is bound to (None: not yet)."""
+        known = self.known
+        if known is not None and "dataset" in known:
+            return known["dataset"]
+        value = self.execute("SELECT dataset_sha256 FROM ledger_meta").fetchone()[0]
+        if known is not None:
+            known["dataset"] = value
+        return value
+
+    def bind_dataset(self, dataset_sha256: str) -> None:
+        """Bind the ledger to its dataset (inside the write transaction)."""
+        self.write("UPDATE ledger_meta SET dataset_sha256 = ?", (dataset_sha256,))
+        if self.known is not None:
+            self.known["dataset"] = dataset_sha256
+
+    def _totals(self, key: tuple, sql: str, params: Sequence) -> dict:
+        known = self.known
+        if known is not None and key in known:
+            return known[key]
+        totals = _totals_of(self.execute(sql, params).fetchall())
+        if known is not None:
+            known[key] = totals
+        return totals
+
+    def spend_groups(self) -> list[tuple[float, float, int]]:
+        """(epsilon, delta, count) of the running totals of every charge."""
+        totals = self._totals(("spend",), "SELECT epsilon, delta, count FROM spend_totals", ())
+        return [(e, d, c) for (e, d), c in totals.items()]
+
+    def client_groups(self, client: str) -> list[tuple[float, float, int]]:
+        """(epsilon, delta, count) of the running totals of one client's charges."""
+        totals = self._totals(("client", client), "SELECT epsilon, delta, count FROM "
+                              "client_totals WHERE client = ?", (client,))
+        return [(e, d, c) for (e, d), c in totals.items()]
+
+    def add_totals(self, epsilon: float, delta: float, count: int, client: str = "") -> None:
+        """Add `count` charges of (epsilon, delta) to the running totals (and the client's),
+        inside the write transaction."""
+        epsilon, delta, count = float(epsilon), float(delta), int(count)
+        self.write("INSERT INTO spend_totals (epsilon, delta, count) VALUES (?, ?, ?) "
+                   "ON CONFLICT (epsilon, delta) DO UPDATE SET count = spend_totals.count + "
+                   "excluded.count", (epsilon, delta, count))
+        if client:
+            self.write("INSERT INTO client_totals (client, epsilon, delta, count) VALUES "
+                       "(?, ?, ?, ?) ON CONFLICT (client, epsilon, delta) DO UPDATE SET count "
+                       "= client_totals.count + excluded.count",
+                       (client, epsilon, delta, count))
+        known = self.known
+        if known is None:
+            return
+        for key in (("spend",), ("client", client)) if client else (("spend",),):
+            if key in known:
+                known[key][(epsilon, delta)] = known[key].get((epsilon, delta), 0) + count
+
+    def savepoint(self) -> None:
+        self.write("SAVEPOINT request")
+        self._saved = self._counters()
+
+    def rollback_to_savepoint(self) -> None:
+        self.write("ROLLBACK TO SAVEPOINT request")
+        self._restore(self._saved)
+
+    def release_savepoint(self) -> None:
+        self.write("RELEASE SAVEPOINT request")
+
+    def insert_block(self, row: tuple) -> int:
+        """Append an answer block (source_id, mechanism, params, seeded, count, digests,
+        labels, release_ids) inside the write transaction; returns its id, the largest so
+        far plus one (the write lock makes this the only writer, so ids follow the order of
+        the commits): the one the catch-up read under this lock (`blocks_since`) and counted
+        on, else asked of the table."""
+        if self.next_block is None:
+            block_id = self._insert_block_after_last(row)
+        else:
+            block_id = self.next_block
+            self.write("INSERT INTO answer_blocks (id, source_id, mechanism, params, seeded, "
+                         "count, digests, labels, release_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, "
+                         "?)", (block_id, *row))
+        self.next_block = block_id + 1
+        return block_id
+
+
+class SqliteStore(_Savepoints, _BlockReads):
     """A ledger in one SQLite file, in write-ahead-log mode with synchronous commits."""
 
     kind = "SQLite"
@@ -180,6 +316,10 @@ class SqliteStore(_BlockReads):
         except sqlite3.Error as exc:
             raise StoreError(self.reason(exc)) from None
 
+    def write(self, sql: str, params: Sequence = ()) -> None:
+        """A statement whose result the caller does not read (`PostgresStore.write`)."""
+        self.execute(sql, params)
+
     @property
     def in_transaction(self) -> bool:
         return self.conn.in_transaction
@@ -187,18 +327,39 @@ class SqliteStore(_BlockReads):
     def begin_schema(self) -> None:
         self.execute("BEGIN IMMEDIATE")
 
-    def begin_write(self) -> None:
+    def begin_write(self, pipelined: bool = False) -> None:
+        self._forget()
         self.execute("BEGIN IMMEDIATE")
+        self.known = {}
 
     def commit(self) -> None:
+        self._forget()
         self.execute("COMMIT")
 
     def rollback(self) -> None:
+        self._forget()
         if self.conn.in_transaction:
             try:
                 self.conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+
+    def migrate_run_hashes(self) -> None:
+        """Inside the migration's transaction: every run's hashes of the old form (JSON
+        text) as bytes. The append-only trigger is lifted for this one conversion (the same
+        hashes in another form) and put back before the transaction commits."""
+        if not self.has_table("charge_runs"):
+            return
+        rows = self.execute("SELECT id, count, query_hashes FROM charge_runs WHERE "
+                            "typeof(query_hashes) = 'text'").fetchall()
+        if rows:
+            self.execute("DROP TRIGGER IF EXISTS charge_runs_no_update")
+            self.executemany("UPDATE charge_runs SET query_hashes = ? WHERE id = ?",
+                             [(run_hashes_from_json(text, int(count)), int(i))
+                              for i, count, text in rows])
+        # the append-only trigger again, and the one that refuses an older agt's JSON
+        for statement in _CHARGE_RUNS_SQLITE:
+            self.execute(statement)
 
     def tables(self) -> set[str]:
         return {r[0] for r in self.execute(
@@ -257,15 +418,12 @@ class SqliteStore(_BlockReads):
             start = int(seq[0])
             self.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'releases'",
                          (start + count,))
-        self.execute("INSERT INTO charge_runs (id, count, time, source_id, mechanism, epsilon, "
-                     "delta, seeded, note, query_hashes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     (start + 1, *row))
+        self.write("INSERT INTO charge_runs (id, count, time, source_id, mechanism, epsilon, "
+                   "delta, seeded, note, query_hashes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (start + 1, *row))
         return start + 1
 
-    def insert_block(self, row: tuple) -> int:
-        """Append an answer block (source_id, mechanism, params, seeded, count, digests,
-        labels, release_ids) inside the write transaction; returns its id (the largest so
-        far plus one: ids follow the order of the commits, one writer at a time)."""
+    def _insert_block_after_last(self, row: tuple) -> int:
         cursor = self.execute(
             "INSERT INTO answer_blocks (id, source_id, mechanism, params, seeded, count, "
             "digests, labels, release_ids) SELECT COALESCE(MAX(id), 0) + 1, ?, ?, ?, ?, ?, ?, "
@@ -276,7 +434,7 @@ class SqliteStore(_BlockReads):
         self.conn.close()
 
 
-class PostgresStore(_BlockReads):
+class PostgresStore(_Savepoints, _BlockReads):
     """A ledger in one PostgreSQL database (psycopg 3), shared by every process that opens
     its URL. The connection is opened again after it was lost (a restarted server, a
     terminated backend): the transaction it was in is rolled back by the server, so the
@@ -333,12 +491,46 @@ class PostgresStore(_BlockReads):
             out = self._sql[sql] = sql.replace("?", "%s")
         return out
 
+    #: the answering door's write transaction runs in pipeline mode (`begin_write`)
+    _pipeline = None
+    _pipeline_context = None
+
     def execute(self, sql: str, params: Sequence = ()):
         conn = self.conn if self.in_transaction else self._usable()
         try:
-            return conn.execute(self._pg(sql), params or None)
+            cursor = conn.execute(self._pg(sql), params or None)
+            if self._pipeline is not None:
+                # the rows now, and the outcome of every write queued before it: an error
+                # of any of them raises here (and the caller rolls the transaction back)
+                self._pipeline.sync()
+            return cursor
         except self._psycopg.Error as exc:
             raise StoreError(self.reason(exc)) from None
+
+    def write(self, sql: str, params: Sequence = ()) -> None:
+        """A statement whose result the caller does not read: in a pipelined transaction it
+        is queued and sent with the next statement that is read (`execute`) or the COMMIT,
+        which raise its error if it failed; else executed at once. The ledger decides
+        nothing on what a write returns, so only the round trips change: every check still
+        reads, under the lock, what every write before it left."""
+        if self._pipeline is None:
+            self.execute(sql, params)
+            return
+        try:
+            self.conn.execute(self._pg(sql), params or None)
+        except self._psycopg.Error as exc:
+            raise StoreError(self.reason(exc)) from None
+
+    def _leave_pipeline(self, failed: bool) -> None:
+        context, self._pipeline = self._pipeline_context, None
+        self._pipeline_context = None
+        if context is None:
+            return
+        try:
+            context.__exit__(None, None, None)
+        except self._psycopg.Error as exc:
+            if not failed:
+                raise StoreError(self.reason(exc)) from None
 
     def executemany(self, sql: str, rows: Iterable[Sequence]) -> None:
         try:
@@ -359,31 +551,115 @@ class PostgresStore(_BlockReads):
         self.execute("BEGIN")
         self.execute("SELECT pg_advisory_xact_lock(4242001)")
 
-    def begin_write(self) -> None:
-        self._usable()
-        try:
-            # READ COMMITTED whatever the database's default: each statement after the lock
-            # sees every transaction committed before it was granted (module docstring)
-            self.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-        except StoreError:
-            # a connection lost while idle shows only now; nothing was done yet: once more
-            # on a new connection
-            if not self.conn.broken:
-                raise
+    #: the next charge id, known under the write lock once asked (`_next_id`)
+    next_charge: int | None = None
+
+    def _counters(self) -> tuple:
+        return (*super()._counters(), self.next_charge)
+
+    def _restore(self, counters: tuple) -> None:
+        super()._restore(counters[:-1])
+        self.next_charge = counters[-1]
+
+    def _forget(self) -> None:
+        super()._forget()
+        self.next_charge = None
+
+    #: the write transaction's start, in one round trip: READ COMMITTED whatever the
+    #: database's default (each statement after the lock sees every transaction committed
+    #: before it was granted: module docstring), then the budget lock, every writer queued
+    #: on the one meta row (a statement of its own: its snapshot is taken after the BEGIN,
+    #: and the next statement's after the lock was granted)
+    _BEGIN_WRITE = ("BEGIN ISOLATION LEVEL READ COMMITTED; "
+                    "SELECT id FROM ledger_meta WHERE id = 1 FOR UPDATE")
+    #: the largest charge id recorded, of a ``releases`` row or of a run's last charge
+    _LAST_ID = ("SELECT GREATEST((SELECT COALESCE(MAX(id), 0) FROM releases), (SELECT "
+                "COALESCE(MAX(id + count - 1), 0) FROM (SELECT id, count FROM charge_runs "
+                "ORDER BY id DESC LIMIT 1) AS last))")
+
+    def begin_write(self, pipelined: bool = False) -> None:
+        """Begin the write transaction and take the budget lock; `pipelined`: the rest of
+        it in pipeline mode (`write`; not for `insert_releases`, whose COPY a pipeline does
+        not take), its start in one round trip with the reads every answering transaction
+        makes (`_begin_pipelined`)."""
+        self._forget()
+        self._leave_pipeline(failed=True)
+        for attempt in (0, 1):
             self._usable()
-            self.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-        # the budget lock (module docstring): every writer queues on the one meta row
-        self.execute("SELECT id FROM ledger_meta WHERE id = 1 FOR UPDATE")
+            try:
+                if pipelined:
+                    self._begin_pipelined()
+                else:
+                    self.execute(self._BEGIN_WRITE)
+                    self.known = {}
+                return
+            except StoreError:
+                self._leave_pipeline(failed=True)
+                self._forget()
+                # a connection lost while idle shows only now; nothing was done yet: once
+                # more on a new connection
+                if attempt or not self.conn.broken:
+                    raise
+
+    def _begin_pipelined(self) -> None:
+        """BEGIN, the budget lock, then the ledger's dataset, its running totals and its
+        largest charge id, sent together and answered in one round trip. The server runs
+        the statements of a pipeline one after the other, each read with a snapshot taken
+        when it starts (READ COMMITTED), so the reads run after the lock was granted and
+        see every transaction committed before (module docstring): the same values as if
+        each were asked alone after the lock, as `read_dataset`, `spend_groups` and
+        `_next_id` would."""
+        conn = self.conn
+        try:
+            context = conn.pipeline()
+            self._pipeline = context.__enter__()
+            self._pipeline_context = context
+            conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            conn.execute("SELECT id FROM ledger_meta WHERE id = 1 FOR UPDATE")
+            dataset = conn.execute("SELECT dataset_sha256 FROM ledger_meta")
+            spend = conn.execute("SELECT epsilon, delta, count FROM spend_totals")
+            last = conn.execute(self._LAST_ID)
+            self._pipeline.sync()
+            self.known = {"dataset": dataset.fetchone()[0],
+                          ("spend",): _totals_of(spend.fetchall())}
+            self.next_charge = 1 + int(last.fetchone()[0])
+        except self._psycopg.Error as exc:
+            raise StoreError(self.reason(exc)) from None
 
     def commit(self) -> None:
+        self._forget()
+        # (pipelined: COMMIT and the sync in one round trip, then the outcome of it and of
+        # every write queued before it; only then does the caller release anything)
         self.execute("COMMIT")
+        self._leave_pipeline(failed=False)
 
     def rollback(self) -> None:
+        self._forget()
+        self._leave_pipeline(failed=True)
         if self.in_transaction:
             try:
                 self.conn.execute("ROLLBACK")
             except self._psycopg.Error:
                 pass
+
+    def migrate_run_hashes(self) -> None:
+        """Inside the migration's transaction: the runs' hashes of the old form (a JSON
+        array of hex strings, TEXT) converted to their bytes (BYTEA) in place, with the
+        length check of the new format; a run that does not hold `count` hashes fails the
+        conversion, and nothing is changed."""
+        row = self.execute("SELECT data_type FROM information_schema.columns WHERE "
+                           "table_schema = current_schema() AND table_name = 'charge_runs' "
+                           "AND column_name = 'query_hashes'").fetchone()
+        if row is None or row[0] == "bytea":
+            return
+        for statement in (
+                "ALTER TABLE charge_runs ALTER COLUMN query_hashes TYPE BYTEA USING "
+                "decode(translate(query_hashes, '[]\", ', ''), 'hex')",
+                "ALTER TABLE charge_runs ADD CONSTRAINT charge_runs_hashes_length "
+                "CHECK (length(query_hashes) = 32 * count)",
+                "ALTER TABLE charge_runs ALTER COLUMN query_hashes SET STORAGE EXTERNAL",
+                "ALTER TABLE answer_blocks ALTER COLUMN digests SET STORAGE EXTERNAL"):
+            self.execute(statement)
 
     def tables(self) -> set[str]:
         return {r[0] for r in self.execute(
@@ -415,36 +691,35 @@ class PostgresStore(_BlockReads):
         """Insert charges inside the write transaction (one COPY); returns their ids,
         consecutive after the largest recorded (the budget lock makes this the only
         writer; the primary key would refuse a second)."""
-        start = self._last_id()
-        ids = list(range(start + 1, start + 1 + len(rows)))
+        start = self._next_id(len(rows))
+        ids = list(range(start, start + len(rows)))
         self._copy("releases", "id, time, source_id, query_hash, mechanism, epsilon, delta, "
                    "seeded, note", ("int8", "text", "text", "text", "text", "float8", "float8",
                                     "int4", "text"), ((i, *row) for i, row in zip(ids, rows)))
         return ids
 
-    def _last_id(self) -> int:
-        """The largest charge id recorded, of a ``releases`` row or of a run's last charge
-        (inside the write transaction: the budget lock makes this the only writer)."""
-        return int(self.execute(
-            "SELECT GREATEST((SELECT COALESCE(MAX(id), 0) FROM releases), (SELECT "
-            "COALESCE(MAX(id + count - 1), 0) FROM (SELECT id, count FROM charge_runs "
-            "ORDER BY id DESC LIMIT 1) AS last))").fetchone()[0])
+    def _next_id(self, count: int) -> int:
+        """Take the next `count` charge ids (inside the write transaction); returns the
+        first. The first call of a transaction asks the largest recorded, of a ``releases``
+        row or of a run's last charge (the budget lock makes this the only writer, so what
+        it read stays the largest until it commits); the later ones count on from it."""
+        if self.next_charge is None:
+            self.next_charge = 1 + int(self.execute(self._LAST_ID).fetchone()[0])
+        start = self.next_charge
+        self.next_charge += int(count)
+        return start
 
     def insert_run(self, row: tuple) -> int:
         """Insert a run of charges (count, time, source_id, mechanism, epsilon, delta, seeded,
         note, query_hashes) inside the write transaction; returns its first id, after the
         largest recorded (the budget lock makes this the only writer)."""
-        start = self._last_id() + 1
-        self.execute("INSERT INTO charge_runs (id, count, time, source_id, mechanism, epsilon, "
-                     "delta, seeded, note, query_hashes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     (start, *row))
+        start = self._next_id(int(row[0]))
+        self.write("INSERT INTO charge_runs (id, count, time, source_id, mechanism, epsilon, "
+                   "delta, seeded, note, query_hashes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (start, *row))
         return start
 
-    def insert_block(self, row: tuple) -> int:
-        """Append an answer block (source_id, mechanism, params, seeded, count, digests,
-        labels, release_ids) inside the write transaction: one INSERT of bytea columns;
-        returns its id, the largest so far plus one (the budget lock makes this the only
-        writer, so ids follow the order of the commits)."""
+    def _insert_block_after_last(self, row: tuple) -> int:
         return int(self.execute(
             "INSERT INTO answer_blocks (id, source_id, mechanism, params, seeded, count, "
             "digests, labels, release_ids) SELECT COALESCE(MAX(id), 0) + 1, ?, ?, ?, ?, ?, "

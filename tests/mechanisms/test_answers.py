@@ -274,3 +274,35 @@ def test_an_idempotency_key_replays_only_its_own_request(tmp_path):
         with pytest.raises(PrivacyError, match="may not contain"):
             ledger.answer(mech, piped)
         assert len(ledger.entries()) == 1
+
+
+def test_the_index_finds_exactly_the_digests_it_holds_when_prefixes_collide():
+    """The answers index searches by each digest's first 8 bytes: digests that share those
+    (forced here, in numbers a real ledger would almost never see) are still told apart by
+    all 16 bytes, across segments and namespaces."""
+    from mechanisms.ledger.index import DIGEST, AnswerIndex
+
+    rng = np.random.default_rng(7)
+    prefixes = [rng.bytes(8) for _ in range(6)]
+    pool = [p + rng.bytes(8) for p in prefixes for _ in range(12)]      # 12 per prefix
+    pool += [rng.bytes(16) for _ in range(40)]
+    pool += [prefixes[0][:7] + bytes([prefixes[0][7] ^ 1]) + bytes(8), bytes(16),
+             b"\xff" * 16, prefixes[1] + bytes(8)]            # neighbours, ends, zero tail
+    held: dict[bytes, int] = {}
+    index = AnswerIndex()
+    space = ("s", "m", "p", False)
+    for batch in range(5):
+        chosen = [pool[i] for i in rng.choice(len(pool), size=15, replace=False)
+                  if pool[i] not in held]
+        labels = rng.integers(0, 9, size=len(chosen))
+        held.update(zip(chosen, labels.tolist()))
+        index.add(space, np.array(chosen, dtype=DIGEST), labels)
+    asked = np.array(pool + [p + rng.bytes(8) for p in prefixes], dtype=DIGEST)
+    found, labels = index.lookup(space, asked)
+    for digest, f, label in zip(asked.tolist(), found, labels):
+        digest = digest.ljust(16, b"\0")
+        assert bool(f) == (digest in held)
+        if f:
+            assert int(label) == held[digest]
+    assert found.sum() == len(held) > 40
+    assert not index.lookup(("s", "m", "q", False), asked)[0].any()

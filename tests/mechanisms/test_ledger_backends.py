@@ -13,7 +13,12 @@ import pytest
 
 from agt.errors import BudgetExceededError, PrivacyError
 from mechanisms import Certified, Ledger, Source, make_mechanism
-from mechanisms.ledger import AnswerRequest, IdempotencyError
+from mechanisms.ledger import (
+    FORMAT_VERSION,
+    POSTGRES_FORMAT_VERSION,
+    AnswerRequest,
+    IdempotencyError,
+)
 from tests.mechanisms.test_answers import SOURCE, certified
 from tests.mechanisms.test_ledger import SPENDER, python, wait_for
 from tests.postgres import pg_databases, postgres_url  # noqa: F401  (fixtures)
@@ -260,7 +265,7 @@ def test_a_ledger_of_the_format_before_runs_is_migrated(name):
         assert ledger.spent().epsilon == pytest.approx(3 * 0.25 + 4 * 0.5)
         assert ledger.answer(mech, certified(4, 2), client="a").cached.all()
     assert _raw(name, "SELECT format_version FROM ledger_meta") == [
-        (4 if backend == "SQLite" else 3,)]
+        (FORMAT_VERSION if backend == "SQLite" else POSTGRES_FORMAT_VERSION,)]
 
 
 def _bytes_sql(name: str, data: bytes) -> str:
@@ -301,10 +306,87 @@ def test_an_old_format_ledger_is_migrated_and_serves_its_old_answers(name):
         assert mixed.charges == 3 and ledger.spent().epsilon == pytest.approx(9 * 0.5)
         assert len(ledger.recorded_answers()) == 9
     assert _raw(name, "SELECT format_version FROM ledger_meta") == [
-        (4 if backend == "SQLite" else 3,)]
+        (FORMAT_VERSION if backend == "SQLite" else POSTGRES_FORMAT_VERSION,)]
     with pytest.raises(Exception, match="upgrade agt"):
         _raw(name, f"INSERT INTO answers (key, label, release_id) VALUES "
                    f"({_bytes_sql(name, bytes(16))}, 1, 1)")
+
+
+def _to_json_runs(name: str, backend: str, damage: bool = False) -> None:
+    """Turn a ledger's ``charge_runs`` back into the format before (SQLite 4, PostgreSQL 3):
+    the table as it was declared then, each run's hashes a JSON array of hex strings."""
+    import json
+
+    rows = _raw(name, "SELECT id, count, time, source_id, mechanism, epsilon, delta, seeded, "
+                      "note, query_hashes FROM charge_runs ORDER BY id")
+    _raw(name, "DROP TABLE charge_runs")
+    real = "REAL" if backend == "SQLite" else "DOUBLE PRECISION"
+    _raw(name, f"CREATE TABLE charge_runs (id BIGINT PRIMARY KEY, count INTEGER NOT NULL, "
+               f"time TEXT NOT NULL, source_id TEXT NOT NULL, mechanism TEXT NOT NULL, "
+               f"epsilon {real} NOT NULL, delta {real} NOT NULL, seeded INTEGER NOT NULL, "
+               f"note TEXT NOT NULL, query_hashes TEXT NOT NULL)")
+    for i, (*head, raw) in enumerate(rows):
+        text = bytes(raw).hex()
+        hashes = [text[k:k + 64] for k in range(0, len(text), 64)]
+        if damage and i == len(rows) - 1:
+            hashes = hashes[:-1]
+        values = ", ".join(repr(v) if isinstance(v, str) else str(v) for v in head)
+        _raw(name, f"INSERT INTO charge_runs VALUES ({values}, '{json.dumps(hashes)}')")
+    if backend == "SQLite":
+        _raw(name, "CREATE TRIGGER charge_runs_no_update BEFORE UPDATE ON charge_runs BEGIN "
+                   "SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END")
+    else:
+        _raw(name, "CREATE TRIGGER charge_runs_append_only BEFORE UPDATE OR DELETE ON "
+                   "charge_runs FOR EACH ROW EXECUTE FUNCTION agt_append_only()")
+    _raw(name, f"UPDATE ledger_meta SET format_version = "
+               f"{FORMAT_VERSION - 1 if backend == 'SQLite' else POSTGRES_FORMAT_VERSION - 1}")
+
+
+def test_runs_of_json_hashes_are_converted_to_bytes_on_open(name):
+    """A ledger of the format before (SQLite 4, PostgreSQL 3: a run's hashes a JSON array)
+    opens at the new format with every run's hashes as bytes: the same charges, ids and
+    hashes, still append-only, new runs after the old ones; its cached answers still served."""
+    mech = make_mechanism("exp-radius", 0.5)
+    asked = certified(5, 1)
+    with Ledger.open(name, 100.0) as ledger:
+        first = ledger.answer(mech, asked, client="a")
+        ledger.answer(mech, certified(3, 2), client="b")
+        before = ledger.entries()
+        backend = ledger.backend
+    _to_json_runs(name, backend)
+    assert {type(r[0]) for r in _raw(name, "SELECT query_hashes FROM charge_runs")} == {str}
+    with Ledger.open(name) as ledger:
+        assert ledger.entries() == before
+        again = ledger.answer(mech, asked, client="c")
+        assert again.cached.all() and np.array_equal(again.labels, first.labels)
+        assert ledger.answer(mech, certified(2, 3), client="c").charges == 2
+        entries = ledger.entries()
+        assert entries[:8] == before and [e.id for e in entries] == list(range(1, 11))
+        assert ledger.spent().epsilon == pytest.approx(10 * 0.5)
+    raw = _raw(name, "SELECT count, query_hashes FROM charge_runs ORDER BY id")
+    assert [len(bytes(h)) for _, h in raw] == [32 * c for c, _ in raw] == [160, 96, 64]
+    assert _raw(name, "SELECT format_version FROM ledger_meta") == [
+        (FORMAT_VERSION if backend == "SQLite" else POSTGRES_FORMAT_VERSION,)]
+    for tamper in ("UPDATE charge_runs SET count = 1", "DELETE FROM charge_runs"):
+        with pytest.raises(Exception, match="append-only"):
+            _raw(name, tamper)
+    # an older agt still running on the migrated ledger cannot add a run of JSON hashes
+    with pytest.raises(Exception, match="upgrade agt|charge_runs_hashes_length"):
+        _raw(name, "INSERT INTO charge_runs VALUES (11, 1, 't', 's', 'm', 0.5, 0.0, 0, 'n', "
+                   "'[\"" + "0" * 64 + "\"]')")
+
+
+def test_a_damaged_run_of_json_hashes_is_refused_and_left_as_it_was(name):
+    with Ledger.open(name, 100.0) as ledger:
+        ledger.answer(make_mechanism("exp-radius", 0.5), certified(4, 1), client="a")
+        backend = ledger.backend
+    _to_json_runs(name, backend, damage=True)
+    # (SQLite: the conversion's own check; PostgreSQL: the new format's length check)
+    with pytest.raises(PrivacyError, match="damaged|charge_runs_hashes_length"):
+        Ledger.open(name)
+    assert {type(r[0]) for r in _raw(name, "SELECT query_hashes FROM charge_runs")} == {str}
+    assert _raw(name, "SELECT format_version FROM ledger_meta") == [
+        (FORMAT_VERSION - 1 if backend == "SQLite" else POSTGRES_FORMAT_VERSION - 1,)]
 
 
 def test_a_ledger_of_a_newer_agt_is_refused_as_such(name):
@@ -423,6 +505,47 @@ def test_a_rolled_back_transaction_leaves_nothing_in_the_index(name):
             assert fresh.charges == n and not fresh.cached.any()
         assert len(ledger.recorded_answers()) == 14 == len(ledger._answer_index)
 
+
+
+class _FailingOnce(np.random.Generator):
+    """A generator whose first draw raises (a failed draw), and whose later ones do not."""
+
+    failed = False
+
+    def __getattribute__(self, attr):
+        if not attr.startswith("_") and attr != "failed" and not self.failed:
+            self.failed = True
+            raise RuntimeError("no entropy")
+        return super().__getattribute__(attr)
+
+
+def test_a_request_undone_at_its_savepoint_is_forgotten_by_the_transaction(name):
+    """A request refused at its draw, after its charges and totals were written, is undone at
+    its savepoint; what the transaction knows (the totals it read and added to, the next
+    charge and block ids) goes back with it, so the requests after it in the same batch are
+    checked against the budget without its charges and take the ids it would have taken."""
+    mech = make_mechanism("exp-radius", 0.5)
+    # 2 charged before, then a batch of 3 (undone) + 3 + 4: the budget fits 2 + 3 + 4 only
+    with Ledger.open(name, budget_epsilon=4.5) as ledger:
+        ledger.answer(mech, certified(2, 1), client="a")
+        out = ledger.answer_batch([AnswerRequest(mech, certified(3, 2), "a"),
+                                   AnswerRequest(mech, certified(3, 3), "b"),
+                                   AnswerRequest(mech, certified(4, 4), "a")],
+                                  insecure_rng=_FailingOnce(np.random.PCG64(1)))
+        assert isinstance(out[0], PrivacyError) and "drawing the labels failed" in str(out[0])
+        assert out[1].charges == 3 and out[2].charges == 4
+        assert [e.id for e in ledger.entries()] == list(range(1, 10))
+        assert ledger.spent().epsilon == 4.5
+        assert ledger.client_spent("a").epsilon == 3.0
+        with pytest.raises(BudgetExceededError):
+            ledger.answer(mech, certified(1, 5), client="b")
+        assert len(ledger.recorded_answers()) == 9
+    assert _raw(name, "SELECT epsilon, delta, count FROM spend_totals") == [(0.5, 0.0, 9)]
+    assert sorted(_raw(name, "SELECT client, count FROM client_totals")) == [("a", 6),
+                                                                             ("b", 3)]
+    assert _raw(name, "SELECT id, count FROM charge_runs ORDER BY id") == [(1, 2), (3, 3),
+                                                                          (6, 4)]
+    assert _raw(name, "SELECT id FROM answer_blocks ORDER BY id") == [(1,), (2,), (3,)]
 
 ANSWERER = """
 import sys
