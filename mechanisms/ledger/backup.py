@@ -11,8 +11,10 @@ itself, page by page under its locks:
   a new, self-contained file in rollback-journal mode (no ``-wal`` to carry), synced and then
   renamed into place, so a copy that exists is complete.
 * `restore_ledger` writes a backup into the ledger through SQLite's pager: the ledger's own
-  write-ahead log is honoured and replaced, never mixed in. A process that held the ledger
-  open notices at its next answer (the answer blocks went back, index.py) and refuses.
+  write-ahead log is honoured and replaced, never mixed in. It refuses while another
+  process holds the ledger open (leaving write-ahead-log mode needs SQLite's exclusive
+  lock); a process that held it open during a restore made otherwise notices at its next
+  answer if the answer blocks went back (index.py) and refuses.
 """
 
 from __future__ import annotations
@@ -113,10 +115,10 @@ def restore_ledger(copy: str | os.PathLike[str], ledger: str | os.PathLike[str],
                    timeout: float = 60.0) -> int:
     """Write a backup (`backup_ledger`) into a ledger file, replacing its content.
 
-    Stop every process serving from the ledger first (docs/operations.md, "Backups"): one
-    that held it open refuses to answer afterwards (its answers cache is ahead of the
-    restored ledger) until it is restarted. The restore is one SQLite write transaction:
-    it waits for a running one, and a crash in the middle leaves the ledger as it was.
+    Stop every process serving from the ledger first (docs/operations.md, "Backups"): the
+    restore refuses while another connection holds the ledger open (`_alone`). It is one
+    SQLite write transaction in rollback-journal mode (a crash in the middle leaves the
+    ledger as it was), after which the ledger is put back in write-ahead-log mode.
 
     Args:
         copy: the backup file.
@@ -127,8 +129,8 @@ def restore_ledger(copy: str | os.PathLike[str], ledger: str | os.PathLike[str],
         The number of charges in the restored ledger.
 
     Raises:
-        PrivacyError: the backup is not a whole agt ledger, or the ledger cannot be
-            written.
+        PrivacyError: the backup is not a whole agt ledger, another process holds the
+            ledger open, or the ledger cannot be written.
     """
     src_path, dst_path = Path(copy), Path(ledger)
     src = _connect_existing(src_path, timeout, "the backup")
@@ -138,6 +140,7 @@ def restore_ledger(copy: str | os.PathLike[str], ledger: str | os.PathLike[str],
             _connect_existing(dst_path, timeout, "the ledger").close()
         dst = sqlite3.connect(dst_path, timeout=timeout, isolation_level=None)
         try:
+            _alone(dst, dst_path)
             dst.execute("PRAGMA synchronous = FULL")
             src.backup(dst)
             dst.execute("PRAGMA journal_mode = WAL").fetchone()
@@ -149,6 +152,37 @@ def restore_ledger(copy: str | os.PathLike[str], ledger: str | os.PathLike[str],
         raise PrivacyError(f"the restore into {dst_path} failed ({exc})") from None
     finally:
         src.close()
+
+
+def _alone(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse to restore while another connection holds the ledger open (a process still
+    serving from it, or the backup being the ledger itself): such a process would keep
+    answers in memory that the restored ledger no longer records, and its index's guard
+    (the answer blocks went back, index.py) misses a restore after which another process
+    wrote as many blocks again. SQLite leaves write-ahead-log mode only with an exclusive
+    lock, granted while no other connection has the file open, so switching the ledger to
+    rollback-journal mode for the restore is the check (waiting at most 2 seconds: with
+    every process stopped nothing holds it); the restore then runs in that mode and
+    `restore_ledger` switches it back. A ledger already in rollback mode (never opened by
+    this agt) cannot be checked this way.
+
+    Raises:
+        PrivacyError: another connection holds the ledger open; nothing was changed.
+    """
+    busy = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+    conn.execute(f"PRAGMA busy_timeout = {min(int(busy), 2000)}")
+    try:
+        mode = conn.execute("PRAGMA journal_mode = DELETE").fetchone()[0]
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc) and "busy" not in str(exc):
+            raise
+        mode = "wal"
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy)}")
+    if str(mode).lower() != "delete":
+        raise PrivacyError(f"{path} is open in another process (or is the backup itself): "
+                           f"stop every process serving from it first (docs/operations.md, "
+                           f"Backups); nothing was changed")
 
 
 def _charges(conn: sqlite3.Connection) -> int:

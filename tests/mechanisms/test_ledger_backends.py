@@ -439,7 +439,12 @@ def test_a_cached_label_is_served_only_under_its_own_parameters(name):
 def test_a_ledger_restored_under_an_open_object_is_refused(tmp_path):
     """Blocks are never removed, so a ledger whose blocks went back (a backup restored
     while a process held it open) would leave that process's index holding answers the
-    ledger no longer records: the next answering transaction refuses and releases nothing."""
+    ledger no longer records: `restore_ledger` refuses while it is open, and a restore made
+    otherwise (SQLite's own backup API) is caught at the next answering transaction, which
+    refuses and releases nothing."""
+    import contextlib
+    import sqlite3
+
     from mechanisms.ledger import backup_ledger, restore_ledger
 
     path = tmp_path / "l.db"
@@ -449,7 +454,12 @@ def test_a_ledger_restored_under_an_open_object_is_refused(tmp_path):
         backup_ledger(path, tmp_path / "backup.db")
         ledger.answer(mech, certified(3, 2))
         ledger.answer(mech, certified(3, 3))
-        assert restore_ledger(tmp_path / "backup.db", path) == 3
+        with pytest.raises(PrivacyError, match="open in another process"):
+            restore_ledger(tmp_path / "backup.db", path)
+        assert len(ledger.entries()) == 9                  # nothing was changed
+        with contextlib.closing(sqlite3.connect(tmp_path / "backup.db")) as src, \
+                contextlib.closing(sqlite3.connect(path)) as dst:
+            src.backup(dst)                                # `sqlite3 l.db ".restore ..."`
         with pytest.raises(PrivacyError, match="restored from a backup"):
             ledger.answer(mech, certified(3, 4))
     with Ledger.open(str(path)) as reopened:           # a fresh object reads what is there

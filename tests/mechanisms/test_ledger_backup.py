@@ -5,6 +5,7 @@ writes keep every charge committed before the backup began."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sqlite3
 
@@ -36,8 +37,8 @@ def recorded(path) -> dict[str, int]:
         assert len(set(charges.values())) == len(charges)            # charged once each
         answers = {charges[r]: label for r, label in ledger.recorded_answers()}
     assert len(answers) == len(charges)
-    with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    with contextlib.closing(sqlite3.connect(path)) as conn:    # closed: a restore refuses
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"   # while open
     return answers
 
 
@@ -93,3 +94,42 @@ def test_backup_and_restore_refusals_and_the_command(tmp_path, capsys):
     assert agt(["ledger", "backup", "postgresql://u@h/db", str(tmp_path / "e.db")]) == 2
     assert not (tmp_path / "d.db").exists() and not (tmp_path / "e.db").exists()
     assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_a_restore_is_refused_while_a_process_holds_the_ledger_open(tmp_path):
+    """A replica left running through a restore would keep answers the restored ledger
+    forgot, and once another replica wrote as many answer blocks again its index's guard
+    (fewer blocks than seen) no longer fires: it would release a second label for a query
+    the other replica answered. So the restore refuses while any other connection has the
+    ledger open (the backup itself, given as the ledger, included), changing nothing; with
+    every process stopped it restores."""
+    from mechanisms import make_mechanism
+    from tests.mechanisms.test_answers import certified
+
+    path, copy = tmp_path / "l.db", tmp_path / "copy.db"
+    mech = make_mechanism("exp-radius", 0.5)
+    with Ledger.open(str(path), 100.0) as ledger:
+        ledger.answer(mech, certified(3, 1))
+        backup_ledger(path, copy)
+        ledger.answer(mech, certified(3, 2))
+        ledger.answer(mech, certified(3, 3))
+        with pytest.raises(PrivacyError, match="open in another process"):
+            restore_ledger(copy, path)
+        assert len(ledger.entries()) == 9
+        assert ledger.answer(mech, certified(3, 2)).cached.all()
+    with pytest.raises(PrivacyError, match="open in another process"):
+        restore_ledger(path, path)
+    proc = python(ANSWERER, str(path))               # another process serving from it
+    try:
+        read_answers(proc, 1)
+        with pytest.raises(PrivacyError, match="open in another process"):
+            restore_ledger(copy, path)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    assert restore_ledger(copy, path) == 3           # every process stopped
+    with Ledger.open(str(path)) as again:
+        assert len(again.entries()) == 3
+        assert again.answer(mech, certified(3, 1)).cached.all()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
