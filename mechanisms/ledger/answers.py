@@ -32,8 +32,9 @@ database (two processes, two replicas) never release two labels for one query:
    here (1.), so nothing is skipped at the next catch-up.
 
 Assumptions the argument rests on, and what checks them: blocks are never removed, so ids
-never go back (append-only triggers; a ledger restored from a backup under an open object
-would break it, so a catch-up that finds the largest id below the last one read refuses,
+never go back and a block never changes (append-only triggers; a ledger restored from a
+backup under an open object would break it, so a catch-up that finds the largest id below
+the last one read, or that block missing or with other digests or labels, refuses,
 `AnswerIndex.catch_up`); PostgreSQL transactions run at READ COMMITTED (asked for in every
 write transaction's BEGIN, whatever the database's default). "The same query" means the
 same source, noise kind and mechanism with the same parameter values (`canonical_params`:
@@ -222,7 +223,7 @@ class AnsweringDoor:
         index = self._answer_index
         for block_id, namespace, digests, labels in pending:
             index.add(namespace, digests, labels)
-            index.seen = max(index.seen, block_id)
+            index.advance(block_id, digests, labels)
         return out
 
     def _prepare_answer(self, request: AnswerRequest) -> _Prepared:

@@ -157,9 +157,9 @@ def restore_ledger(copy: str | os.PathLike[str], ledger: str | os.PathLike[str],
 def _alone(conn: sqlite3.Connection, path: Path) -> None:
     """Refuse to restore while another connection holds the ledger open (a process still
     serving from it, or the backup being the ledger itself): such a process would keep
-    answers in memory that the restored ledger no longer records, and its index's guard
-    (the answer blocks went back, index.py) misses a restore after which another process
-    wrote as many blocks again. SQLite leaves write-ahead-log mode only with an exclusive
+    answers in memory that the restored ledger no longer records (its index's guard,
+    index.py, refuses its next answer; refusing the restore tells the operator now). SQLite
+    leaves write-ahead-log mode only with an exclusive
     lock, granted while no other connection has the file open, so switching the ledger to
     rollback-journal mode for the restore is the check (waiting at most 2 seconds: with
     every process stopped nothing holds it); the restore then runs in that mode and

@@ -125,13 +125,16 @@ class _Space:
 class AnswerIndex:
     """The released answers of one ledger object, by namespace (module docstring).
 
-    ``seen`` is the id of the last block read; ``legacy`` the answers of the ``answers``
+    ``seen`` is the id of the last block read or written, ``mark`` that block's digests and
+    labels (checked at every catch-up: the ledger still holds it, unchanged); ``legacy`` the
+    answers of the ``answers``
     table of ledgers written before the blocks (keyed as they were: the first 16 bytes of
     SHA-256(source | mechanism | hash)), read once: that table takes no new rows since.
     """
 
     def __init__(self) -> None:
         self.seen = 0
+        self.mark: tuple[NDArray, NDArray] | None = None
         self.legacy: _Space | None = None
         self._spaces: dict[tuple, _Space] = {}
 
@@ -175,16 +178,22 @@ class AnswerIndex:
         Raises:
             PrivacyError: a damaged block (its arrays disagree with its count).
         """
-        # the largest id and the blocks after `seen` in one statement (one snapshot)
+        # the largest id, block `seen` and the blocks after it in one statement (one
+        # snapshot)
         top, blocks = store.blocks_since(self.seen)
-        if top < self.seen:
-            # blocks are never removed, so their ids never go back: the file or database
-            # was replaced (a backup restored) while this object held it open, and the
-            # index holds answers the ledger no longer records
-            raise PrivacyError(f"the ledger {store.name} holds fewer answer blocks than this "
-                               f"process read from it before (was it restored from a backup "
-                               f"while open?); nothing was released: close and reopen the "
-                               f"ledger")
+        if self.seen:
+            first = blocks[0] if blocks and int(blocks[0][0]) == self.seen else None
+            if top < self.seen or first is None or not self._is_mark(first):
+                # blocks are never removed or changed, so the last block this object read
+                # or wrote is there as it was, unless the file or database was replaced (a
+                # backup restored) while this object held it open: the index holds answers
+                # the ledger no longer records (also where other processes have since
+                # written as many blocks again, so the ids alone would not tell)
+                raise PrivacyError(f"the ledger {store.name} no longer holds the answers this "
+                                   f"process read from it before (was it restored from a "
+                                   f"backup while open?); nothing was released: close and "
+                                   f"reopen the ledger")
+            blocks = blocks[1:]
         if self.legacy is None:
             self.legacy = _Space()
             rows = store.legacy_answers()
@@ -192,7 +201,7 @@ class AnswerIndex:
                 keys = np.array([bytes(k) for k, _ in rows], dtype=DIGEST)
                 self.legacy.add(keys, np.array([int(v) for _, v in rows], dtype=np.int64))
         groups: dict[tuple, tuple[list, list]] = {}
-        last = self.seen
+        last, mark = self.seen, None
         for block_id, source, mechanism, params, seeded, count, digests, labels in blocks:
             d = np.frombuffer(bytes(digests), dtype=DIGEST)
             lab = np.frombuffer(bytes(labels), dtype=BLOCK_INT)
@@ -203,10 +212,36 @@ class AnswerIndex:
             pair = groups.setdefault((source, mechanism, params, bool(seeded)), ([], []))
             pair[0].append(d)
             pair[1].append(lab)
-            last = max(last, int(block_id))
+            if int(block_id) > last:
+                last, mark = int(block_id), (d, lab)
         for namespace, (ds, labs) in groups.items():
             self.add(namespace, np.concatenate(ds), np.concatenate(labs))
-        self.seen = last
+        if last != self.seen:
+            self.advance(last, *mark)
+
+    def advance(self, block_id: int, digests: NDArray, labels: NDArray) -> None:
+        """Record block `block_id` (its digests and labels) as the last one read or written,
+        if it is after ``seen``.
+
+        Args:
+            block_id: the block's id.
+            digests: its ``S16`` digests.
+            labels: its labels.
+        """
+        if block_id > self.seen:
+            self.seen = int(block_id)
+            self.mark = (np.asarray(digests, dtype=DIGEST),
+                         np.asarray(labels, dtype=np.int64))
+
+    def _is_mark(self, row: tuple) -> bool:
+        """Whether a block row (as `blocks_since` returns it) holds the marked block's
+        digests and labels."""
+        if self.mark is None:
+            return False
+        d = np.frombuffer(bytes(row[6]), dtype=DIGEST)
+        lab = np.frombuffer(bytes(row[7]), dtype=BLOCK_INT)
+        return bool(np.array_equal(d, self.mark[0])
+                    and np.array_equal(lab.astype(np.int64), self.mark[1]))
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._spaces.values())

@@ -111,14 +111,15 @@ class _BlockReads:
 
     def blocks_since(self, seen: int) -> tuple[int, list[tuple]]:
         """The largest answer block id (0 for none) and (id, source_id, mechanism, params,
-        seeded, count, digests, labels) of the blocks after id `seen`, in id order: one
+        seeded, count, digests, labels) of block `seen` itself (if it exists: the caller
+        checks it is the block it read before) and of the blocks after it, in id order: one
         statement (one snapshot, one round trip to a server)."""
         if not self.has_table("answer_blocks"):
             return 0, []
         rows = self.execute(
             "SELECT top.last, b.id, b.source_id, b.mechanism, b.params, b.seeded, b.count, "
             "b.digests, b.labels FROM (SELECT COALESCE(MAX(id), 0) AS last FROM "
-            "answer_blocks) AS top LEFT JOIN answer_blocks AS b ON b.id > ? ORDER BY b.id",
+            "answer_blocks) AS top LEFT JOIN answer_blocks AS b ON b.id >= ? ORDER BY b.id",
             (int(seen),)).fetchall()
         last = int(rows[0][0])
         self.next_block = last + 1

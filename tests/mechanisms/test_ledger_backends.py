@@ -466,6 +466,40 @@ def test_a_ledger_restored_under_an_open_object_is_refused(tmp_path):
         assert reopened.answer(mech, certified(3, 2)).charges == 3
 
 
+def test_a_raw_restore_is_caught_after_other_processes_wrote_as_many_blocks_again(tmp_path):
+    """The block count alone would miss a restore after which another process wrote as many
+    blocks as this one had read (the ids reach `seen` again, other answers under them): the
+    catch-up also checks that the last block this object read or wrote is still there,
+    unchanged, and refuses before anything is released."""
+    import contextlib
+    import sqlite3
+
+    from mechanisms.ledger import backup_ledger
+
+    path = tmp_path / "l.db"
+    mech = make_mechanism("exp-radius", 0.5)
+    with Ledger.open(str(path), 100.0) as a:
+        a.answer(mech, certified(3, 1))
+        backup_ledger(path, tmp_path / "backup.db")
+        a.answer(mech, certified(3, 2))
+        a.answer(mech, certified(3, 3))                    # a has seen 3 blocks
+        with contextlib.closing(sqlite3.connect(tmp_path / "backup.db")) as src, \
+                contextlib.closing(sqlite3.connect(path)) as dst:
+            src.backup(dst)                                # restored: 1 block
+        with Ledger.open(str(path)) as b:                  # another process's writes
+            b.answer(mech, certified(3, 4))
+            b.answer(mech, certified(3, 2))                # 3 blocks again, other answers
+        with Ledger.open(str(path)) as c:
+            charges = len(c.entries())
+        with pytest.raises(PrivacyError, match="restored from a backup"):
+            a.answer(mech, certified(3, 4))
+        with pytest.raises(PrivacyError, match="restored from a backup"):
+            a.answer(mech, certified(3, 2))                # never served from a's memory
+    with Ledger.open(str(path)) as reopened:
+        assert len(reopened.entries()) == charges          # nothing was charged by a
+        assert reopened.answer(mech, certified(3, 4)).charges == 0
+
+
 class _Interrupted(BaseException):
     """What a signal would raise in the middle of a draw."""
 
