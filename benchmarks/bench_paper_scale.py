@@ -21,7 +21,10 @@ extrapolated from smaller ones), certifying the queries and releasing their labe
 
 Each stage runs in a fresh process (its peak RSS is its own), in the environment the
 ``agt`` command sets (passive OpenMP waits), under ``--stage-timeout``; a stage that runs
-out of time is recorded as such. Figures: the minimum over ``--repeats``
+out of time is recorded as such. Every stage also records the CPU seconds its process used
+(``cpu_s``, all threads; a stage stopped at its limit too) and the 1-minute load average at
+its start and end: on a shared machine the wall time alone does not say how much of the
+work was done. Figures: the minimum over ``--repeats``
 with the spread (max - min), 2 threads, all in one run. Nothing here needs the real data.
 """
 
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -162,18 +167,36 @@ def _run(fn: str, timeout: float, **kwargs) -> dict:
             f"mod = runpy.run_path({str(Path(__file__).resolve())!r}, run_name='stage'); "
             f"print('RESULT ' + json.dumps(mod[{fn!r}](**json.loads(sys.argv[1]))))")
     t0 = time.perf_counter()
+    # CPU seconds of the stage's process (all its threads; a process killed at the limit
+    # is reaped by subprocess.run, so it counts too) and the load around it: on a shared
+    # machine wall time alone does not say how much of the work was done
+    used0 = _children_cpu_s()
+    load0 = os.getloadavg()
     try:
         proc = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout,
                               env=child_environment())
     except subprocess.TimeoutExpired:
-        return {"timeout_s": timeout}
+        return {"timeout_s": timeout, **_usage(used0, load0)}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             out = json.loads(line[len("RESULT "):])
             out["process_s"] = time.perf_counter() - t0
+            out.update(_usage(used0, load0))
             return out
     return {"error": (proc.stderr or proc.stdout)[-2000:]}
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _usage(used0: float, load0: tuple[float, float, float]) -> dict:
+    """The CPU seconds the stage's process used since ``used0`` (`_children_cpu_s`), and
+    the 1-minute load average at its start and end."""
+    return {"cpu_s": round(_children_cpu_s() - used0, 1),
+            "load_1min": [round(load0[0], 2), round(os.getloadavg()[0], 2)]}
 
 
 def _repeat(repeats: int, fn: str, timeout: float, key: str, **kwargs) -> dict:
@@ -211,13 +234,15 @@ def _pipeline(name: str, n: int, queries: int, repeats: int, timeout: float, tmp
 
 
 def _line(label: str, stage: dict, key: str = "seconds") -> str:
+    cpu = (f"   CPU {stage['cpu_s']:.0f} s, load {stage['load_1min'][0]:.1f} -> "
+           f"{stage['load_1min'][1]:.1f}") if "cpu_s" in stage else ""
     if key not in stage:
         why = f"timed out after {stage['timeout_s']:.0f} s" if "timeout_s" in stage else \
             f"failed: {stage.get('error', '?')[-300:]}"
-        return f"  {label:34s} {why}"
+        return f"  {label:34s} {why}{cpu}"
     spread = stage.get(key + "_spread", 0.0)
     return (f"  {label:34s} {stage[key]:9.1f} s (+{spread:.1f})   "
-            f"peak RSS {stage['peak_rss_mib'] / 1024:5.2f} GiB")
+            f"peak RSS {stage['peak_rss_mib'] / 1024:5.2f} GiB{cpu}")
 
 
 def report(result: dict) -> None:
