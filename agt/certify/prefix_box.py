@@ -69,6 +69,7 @@ chunks of `Certifier.certify` are fixed), as the graded nesting needs (agt/inter
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -134,7 +135,8 @@ def _affine(layer: LayerSpec, prep: tuple, am: torch.Tensor,
                 x = F.pad(x, (0, 0) + (layer.padding,) * 4)
             idx = _patch_pixels(x.shape[1], x.shape[2], layer.kernel, layer.stride,
                                 x.device)
-            return x.reshape(rows, -1, x.shape[3]).index_select(1, idx).view(-1, n)
+            pixels = x.reshape(rows, x.shape[1] * x.shape[2], x.shape[3])
+            return pixels.index_select(1, idx).view(-1, n)
 
         def back(z):                                    # (rows L, Cout) -> (rows, oh, ow, Cout)
             return z.view(rows, oh, ow, out_c)
@@ -202,7 +204,7 @@ def feature_boxes(layers: tuple[LayerSpec, ...] | list[LayerSpec], first: int,
     preps = [_prepared(layer, params[f"{first + j}.weight"], params.get(f"{first + j}.bias"),
                        u, tiny_u) if layer.kind in ("linear", "conv2d") else None
              for j, layer in enumerate(layers)]
-    los, his = [], []
+    out = None                          # the boxes of all queries, filled chunk by chunk
     for i in range(0, max(1, x.shape[0]), step):
         # a fresh (aligned) copy, as Network.feature_boxes: the floats of a record must not
         # depend on its offset in the batch tensor
@@ -230,11 +232,16 @@ def feature_boxes(layers: tuple[LayerSpec, ...] | list[LayerSpec], first: int,
                     box = (box[0].clamp_min_(0.0), box[1].clamp_min_(0.0))
             elif box is None:                                           # flatten
                 exact = exact.reshape(exact.shape[0], -1)
-            else:
+            elif j < len(layers) - 1:
                 box = (box[0].reshape(box[0].shape[0], -1), box[1].reshape(box[1].shape[0], -1))
         lo, hi = (exact, exact) if box is None else box
         if last:
             lo, hi = _channels_first(lo), _channels_first(hi)
-        los.append(lo)
-        his.append(hi)
-    return Interval(torch.cat(los)[None], torch.cat(his)[None])
+        # a final flatten of a box is done by the copy into `out` (one copy, not two)
+        flat = layers[-1].kind == "flatten" and box is not None
+        if out is None:
+            shape = (math.prod(lo.shape[1:]),) if flat else tuple(lo.shape[1:])
+            out = Interval(*(lo.new_empty((1, x.shape[0]) + shape) for _ in range(2)))
+        out.lo[0, i:i + step].view(lo.shape).copy_(lo)
+        out.hi[0, i:i + step].view(hi.shape).copy_(hi)
+    return out
