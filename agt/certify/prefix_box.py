@@ -16,7 +16,9 @@ agt/bounded/layers.py): both are sound; this one is about as tight (one rounding
 layer instead of the widening of three products) and several times cheaper.
 
 A linear or convolution layer (convolution: an unfold, which copies exactly, then a
-product) with weights W and bias b (exact floats), n terms per output (fan-in times the
+product; here channels-last, each patch's n terms in (kh, kw, C) order with the weights'
+columns permuted alike, which the bound below allows since it holds for any order of the
+terms) with weights W and bias b (exact floats), n terms per output (fan-in times the
 kernel area; zero padding counts), input box [am - ar, am + ar] (ar = 0 for the query):
 
     g   = gamma(n + 2, u) + gamma(n + 2, v) + 4 v,            v = 2^-53,
