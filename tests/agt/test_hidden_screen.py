@@ -15,13 +15,19 @@ from agt.data import load_dataset
 from agt.interval import Interval
 from agt.store import from_result
 from agt.training import train
-from tests.helpers import MLP_BCE, blobs, config
+from tests.helpers import MLP_BCE, blobs, config, images
 
 DIGITS_MLP = [{"linear": {"in": 64, "out": 16}}, {"relu": {}}, {"linear": {"in": 16, "out": 10}}]
 TWO_HIDDEN = [{"linear": {"in": 6, "out": 8}}, {"relu": {}}, {"linear": {"in": 8, "out": 8}},
               {"relu": {}}, {"linear": {"in": 8, "out": 2}}]
 PREFIX_MLP = [{"linear": {"in": 6, "out": 12}}, {"relu": {}}, {"linear": {"in": 12, "out": 10}},
               {"relu": {}}, {"linear": {"in": 10, "out": 1}}]
+# a frozen prefix of two convolutions (run channels-last by agt/certify/prefix_box.py) in
+# front of a 36-10-1 head: the OctMNIST head's shape in small
+CONV_PREFIX_MLP = [{"conv2d": {"in": 1, "out": 3, "kernel": 3, "stride": 1}}, {"relu": {}},
+                   {"conv2d": {"in": 3, "out": 4, "kernel": 2, "stride": 1}}, {"relu": {}},
+                   {"flatten": {}}, {"linear": {"in": 36, "out": 10}}, {"relu": {}},
+                   {"linear": {"in": 10, "out": 1}}]
 
 CASES = {
     "one hidden, one logit": (MLP_BCE, "binary_cross_entropy", "blobs", "float64", {}),
@@ -32,6 +38,9 @@ CASES = {
                    {"learning_rate": 0.5, "n_epochs": 4}),
     "frozen prefix": (PREFIX_MLP, "binary_cross_entropy", "blobs", "float32",
                       {"frozen_layers": 2}),
+    # more queries than `_SERVED_ROWS`: the served pass runs in blocks
+    "conv prefix": (CONV_PREFIX_MLP, "binary_cross_entropy", "images", "float32",
+                    {"frozen_layers": 5}),
 }
 _BUNDLES: dict = {}
 
@@ -39,13 +48,18 @@ _BUNDLES: dict = {}
 def _bundle_and_queries(case: str):
     if case not in _BUNDLES:
         model, loss, data, dtype, extra = CASES[case]
-        ds = (load_dataset("digits", {"seed": 3, "max_train": 300}) if data == "digits"
-              else blobs(200, seed=31, variant="separable" if data == "separable"
-                         else "overlapping"))
+        if data == "images":
+            ds = images(200, seed=9)
+            queries = np.concatenate([ds.x_test, ds.x_train[:100]])
+        else:
+            ds = (load_dataset("digits", {"seed": 3, "max_train": 300}) if data == "digits"
+                  else blobs(200, seed=31, variant="separable" if data == "separable"
+                             else "overlapping"))
+            queries = np.asarray(ds.x_test)
         kw = dict(n_epochs=2, k_values="0..20", dtype=dtype, learning_rate=0.2,
                   batch_size=100)
         cfg = config(model, loss, **{**kw, **extra})
-        _BUNDLES[case] = (from_result(train(cfg, ds)), np.asarray(ds.x_test))
+        _BUNDLES[case] = (from_result(train(cfg, ds)), queries)
     return _BUNDLES[case]
 
 
@@ -63,6 +77,12 @@ def _estimate(c: Certifier, queries: np.ndarray, j: int):
     return est, err, feats, pred
 
 
+def _along(a: np.ndarray, b: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """The points (1 - t) a + t b, one per t (queries of any feature shape)."""
+    t = ts.reshape(-1, *([1] * a.ndim))
+    return (1 - t) * a + t * b
+
+
 def _boundary_queries(c: Certifier, x: np.ndarray, rng, n: int = 40) -> np.ndarray:
     """Queries on the segment between two queries of different classes where the screen's
     estimate at some box crosses zero (bisection to the last float): pairs within its
@@ -75,7 +95,7 @@ def _boundary_queries(c: Certifier, x: np.ndarray, rng, n: int = 40) -> np.ndarr
         b = x[rng.choice(np.flatnonzero(pred != pred[0]))]
         j = int(rng.integers(0, K))
         ts = np.linspace(0.0, 1.0, 65)
-        segment = (1 - ts)[:, None] * a + ts[:, None] * b
+        segment = _along(a, b, ts)
         est = _estimate(c, segment, j)[0].numpy()
         side = (est > 0) * 2 + c.predict(segment)
         change = np.flatnonzero(side[1:] != side[:-1])
@@ -85,7 +105,7 @@ def _boundary_queries(c: Certifier, x: np.ndarray, rng, n: int = 40) -> np.ndarr
         s_lo = side[change[0]]
         for _ in range(60):
             mids = np.linspace(lo, hi, 9)
-            pts = (1 - mids)[:, None] * a + mids[:, None] * b
+            pts = _along(a, b, mids)
             s = (_estimate(c, pts, j)[0].numpy() > 0) * 2 + c.predict(pts)
             first = int(np.argmax(s != s_lo)) if (s != s_lo).any() else 8
             lo, hi = mids[max(first - 1, 0)], mids[first]

@@ -166,3 +166,22 @@ def test_the_box_is_about_as_tight_as_the_interval_pass_and_refuses_float64():
     assert float(ratio.max()) <= 1.05
     with pytest.raises(ValueError, match="float32"):
         prefix_box.feature_boxes(layers, 0, params, x.double(), torch.float64, 7)
+
+
+@pytest.mark.parametrize("stop", [2, 4, 5])
+def test_a_prefix_ending_in_a_convolution_gives_channels_first_boxes(stop):
+    """Convolutions run channels-last inside `feature_boxes`; a prefix that ends after
+    one, with or without a flatten, returns boxes ((1, b, C, H, W) or (1, b, C H W))
+    holding the exact and served features in the model's (channels-first) order."""
+    layers, params = _prefix(5)
+    layers = layers[:stop]
+    params = {k: v for k, v in params.items() if int(k.split(".")[0]) < stop}
+    x = _queries(5, n=6)
+    box = prefix_box.feature_boxes(layers, 0, params, x, torch.float32, 4)
+    served = Network(layers, 0).forward_nominal(params, x)[0]
+    assert box.shape == (1,) + tuple(served.shape)
+    flat = box.map(lambda t: t.reshape(1, t.shape[1], -1))
+    outs = [s.reshape(s.shape[0], -1) for s in _served_orders(layers, params, x)]
+    assert _escapes(flat, _exact(layers, params, x), outs) == 0
+    none = prefix_box.feature_boxes(layers, 0, params, x[:0], torch.float32, 4)
+    assert none.shape == (1, 0) + tuple(served.shape[1:])
