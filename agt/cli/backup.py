@@ -11,7 +11,6 @@ alone is not a backup, and copying a file over a ledger is not a restore (docs/o
 from __future__ import annotations
 
 from agt.cli.format import non_empty
-from agt.errors import PrivacyError
 
 
 def add_parser(sub) -> None:
@@ -30,18 +29,9 @@ def add_parser(sub) -> None:
     r.set_defaults(func=run_restore)
 
 
-def _sqlite_only(name: str) -> None:
-    from mechanisms.ledger import is_url
-
-    if is_url(name):
-        raise PrivacyError("a PostgreSQL ledger is backed up with the server's own tools "
-                           "(docs/operations.md, Backups)")
-
-
 def run_backup(args) -> int:
     from mechanisms.ledger.backup import backup_ledger
 
-    _sqlite_only(args.ledger)
     n = backup_ledger(args.ledger, args.copy)
     print(f"backed up {args.ledger} to {args.copy}: {n} charges")
     return 0
@@ -50,7 +40,6 @@ def run_backup(args) -> int:
 def run_restore(args) -> int:
     from mechanisms.ledger.backup import restore_ledger
 
-    _sqlite_only(args.ledger)
     n = restore_ledger(args.copy, args.ledger)
     print(f"restored {args.copy} into {args.ledger}: {n} charges")
     return 0

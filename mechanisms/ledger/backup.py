@@ -24,6 +24,14 @@ import sqlite3
 from pathlib import Path
 
 from agt.errors import PrivacyError
+from mechanisms.ledger.stores import is_url
+
+
+def _sqlite_only(name: str | os.PathLike[str]) -> None:
+    """Refuse a PostgreSQL URL: such a ledger is backed up by the server's own tools."""
+    if isinstance(name, str) and is_url(name):
+        raise PrivacyError("a PostgreSQL ledger is backed up with the server's own tools "
+                           "(docs/operations.md, Backups)")
 
 
 def _connect_existing(path: Path, timeout: float, what: str) -> sqlite3.Connection:
@@ -78,9 +86,10 @@ def backup_ledger(ledger: str | os.PathLike[str], copy: str | os.PathLike[str], 
         The number of charges in the copy.
 
     Raises:
-        PrivacyError: the ledger is missing or not an agt ledger, the copy exists, or a
-            check failed (the partial copy is removed).
+        PrivacyError: the ledger is a PostgreSQL URL, missing or not an agt ledger, the
+            copy exists, or a check failed (the partial copy is removed).
     """
+    _sqlite_only(ledger)
     src_path, dst_path = Path(ledger), Path(copy)
     if dst_path.exists():
         raise PrivacyError(f"{dst_path} exists; give a new file for the backup")
@@ -129,9 +138,10 @@ def restore_ledger(copy: str | os.PathLike[str], ledger: str | os.PathLike[str],
         The number of charges in the restored ledger.
 
     Raises:
-        PrivacyError: the backup is not a whole agt ledger, another process holds the
-            ledger open, or the ledger cannot be written.
+        PrivacyError: the ledger is a PostgreSQL URL, the backup is not a whole agt
+            ledger, another process holds the ledger open, or the ledger cannot be written.
     """
+    _sqlite_only(ledger)
     src_path, dst_path = Path(copy), Path(ledger)
     src = _connect_existing(src_path, timeout, "the backup")
     try:

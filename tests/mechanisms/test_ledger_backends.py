@@ -436,15 +436,23 @@ def test_a_cached_label_is_served_only_under_its_own_parameters(name):
         assert ledger.spent().epsilon == pytest.approx(5 * 0.5 + 5 * 1.0)
 
 
+def _raw_restore(copy, path) -> None:
+    """Write `copy` over the ledger `path` with SQLite's own backup API (what `sqlite3 path
+    ".restore copy"` does), without `restore_ledger`'s check that nothing holds it open."""
+    import contextlib
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(copy)) as src, \
+            contextlib.closing(sqlite3.connect(path)) as dst:
+        src.backup(dst)
+
+
 def test_a_ledger_restored_under_an_open_object_is_refused(tmp_path):
     """Blocks are never removed, so a ledger whose blocks went back (a backup restored
     while a process held it open) would leave that process's index holding answers the
     ledger no longer records: `restore_ledger` refuses while it is open, and a restore made
     otherwise (SQLite's own backup API) is caught at the next answering transaction, which
     refuses and releases nothing."""
-    import contextlib
-    import sqlite3
-
     from mechanisms.ledger import backup_ledger, restore_ledger
 
     path = tmp_path / "l.db"
@@ -457,9 +465,7 @@ def test_a_ledger_restored_under_an_open_object_is_refused(tmp_path):
         with pytest.raises(PrivacyError, match="open in another process"):
             restore_ledger(tmp_path / "backup.db", path)
         assert len(ledger.entries()) == 9                  # nothing was changed
-        with contextlib.closing(sqlite3.connect(tmp_path / "backup.db")) as src, \
-                contextlib.closing(sqlite3.connect(path)) as dst:
-            src.backup(dst)                                # `sqlite3 l.db ".restore ..."`
+        _raw_restore(tmp_path / "backup.db", path)        # `sqlite3 l.db ".restore ..."`
         with pytest.raises(PrivacyError, match="restored from a backup"):
             ledger.answer(mech, certified(3, 4))
     with Ledger.open(str(path)) as reopened:           # a fresh object reads what is there
@@ -471,9 +477,6 @@ def test_a_raw_restore_is_caught_after_other_processes_wrote_as_many_blocks_agai
     blocks as this one had read (the ids reach `seen` again, other answers under them): the
     catch-up also checks that the last block this object read or wrote is still there,
     unchanged, and refuses before anything is released."""
-    import contextlib
-    import sqlite3
-
     from mechanisms.ledger import backup_ledger
 
     path = tmp_path / "l.db"
@@ -483,9 +486,7 @@ def test_a_raw_restore_is_caught_after_other_processes_wrote_as_many_blocks_agai
         backup_ledger(path, tmp_path / "backup.db")
         a.answer(mech, certified(3, 2))
         a.answer(mech, certified(3, 3))                    # a has seen 3 blocks
-        with contextlib.closing(sqlite3.connect(tmp_path / "backup.db")) as src, \
-                contextlib.closing(sqlite3.connect(path)) as dst:
-            src.backup(dst)                                # restored: 1 block
+        _raw_restore(tmp_path / "backup.db", path)        # restored: 1 block
         with Ledger.open(str(path)) as b:                  # another process's writes
             b.answer(mech, certified(3, 4))
             b.answer(mech, certified(3, 2))                # 3 blocks again, other answers
