@@ -27,7 +27,14 @@ went over e^eps the same way. The samplers below draw from the exact distributio
 * `bernoulli_ratios`, `bernoulli_exps`: the same laws as `bernoulli` and `bernoulli_exp`
   for many independent draws at once, the generator's 62-bit integers drawn in bulk (a
   draw consumes the generator's output in another order than the one-at-a-time functions,
-  so seeded runs differ; the laws do not).
+  so seeded runs differ; the laws do not). `bernoulli_exps` takes the lanes' gammas as a
+  table of distinct values and each lane's row of it (`kinds`: exp-radius has one gamma
+  per distinct radius, a few hundred at most for thousands of queries): each round's
+  comparison points floor(p 2^62) are computed once per distinct (gamma, k) in integers
+  and compared with the lanes' bits in numpy. It consumes the generator exactly as the
+  lane-by-lane form (one 62-bit integer per undecided lane, in lane order, then the tie
+  continuations in lane order), so it returns the same draws from the same generator
+  state, and therefore has the same law.
 * `bernoulli_arctan_over_pi(x)`, x >= 0 rational: Bernoulli(arctan(x) / pi), the flip
   probability of a binary Cauchy release (mechanisms/noise.py). p is irrational, so u is
   compared with rigorous rational enclosures lo <= p <= hi, and more digits of u and of p
@@ -83,6 +90,7 @@ from functools import lru_cache
 from typing import Callable
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 _BITS = 62
 
@@ -178,52 +186,100 @@ def bernoulli_ratios(nums: list[int], dens: list[int], rng: np.random.Generator
     return out
 
 
-def bernoulli_exps(nums: list[int], dens: list[int], rng: np.random.Generator) -> np.ndarray:
-    """One draw of Bernoulli(exp(-nums[i] / dens[i])) per lane (gamma >= 0), exactly
-    (`bernoulli_exp`'s algorithm, every lane's steps taken together)."""
-    n = len(nums)
-    alive = np.ones(n, dtype=bool)
+def bernoulli_exps(nums: list[int], dens: list[int], rng: np.random.Generator,
+                   kinds: ArrayLike | None = None) -> np.ndarray:
+    """One draw of Bernoulli(exp(-gamma_i)) per lane, exactly (`bernoulli_exp`'s algorithm,
+    every lane's steps taken together): gamma_i = nums[j] / dens[j] >= 0 with j = kinds[i]
+    (a table of distinct gammas and each lane's row of it), j = i without `kinds`.
+
+    Steps, as `bernoulli_exp` takes them per lane: floor(gamma) rounds of Bernoulli(exp(-1))
+    for the lanes whose integer part is not used up yet (a lane stops at its first failure),
+    then Bernoulli(exp(-frac(gamma))) for the lanes still alive (`_bernoulli_exp_table`).
+    Round t of the first part involves the lanes alive with floor(gamma) > t, in lane order,
+    as the lane-by-lane form's list of lanes with integer part left; integer parts are
+    compared capped at 2^62, which changes nothing for t < 2^62 rounds (each round is a
+    loop iteration)."""
+    kinds = np.arange(len(nums)) if kinds is None else np.asarray(kinds, dtype=np.intp)
     whole, rest = [], []
     for num, den in zip(nums, dens):
         if num < 0:
             raise ValueError(f"bernoulli_exps needs gamma >= 0, got {num}/{den}")
         w, r = divmod(num, den)
-        whole.append(w)
+        whole.append(min(w, _CAP))
         rest.append(r)
-    # floor(gamma) draws of Bernoulli(exp(-1)) each, stopping at a lane's first failure
-    left = list(whole)
-    todo = [i for i in range(n) if left[i] > 0]
-    while todo:
-        ok = _bernoulli_exp_units([1] * len(todo), [1] * len(todo), rng)
-        nxt = []
-        for i, success in zip(todo, ok):
-            if not success:
-                alive[i] = False
-            else:
-                left[i] -= 1
-                if left[i] > 0:
-                    nxt.append(i)
-        todo = nxt
+    n = len(kinds)
+    alive = np.ones(n, dtype=bool)
+    if n == 0:
+        return alive
+    lane_whole = np.asarray(whole, dtype=np.int64)[kinds]
+    unit = np.zeros(1, dtype=np.intp)          # every lane of a round at gamma = 1 / 1
+    t = 0
+    todo = np.flatnonzero(lane_whole > 0)
+    while todo.size:
+        ok = _bernoulli_exp_table([1], [1], unit.repeat(todo.size), rng)
+        alive[todo[~ok]] = False
+        t += 1
+        todo = todo[ok & (lane_whole[todo] > t)]
     last = np.flatnonzero(alive)
     if last.size:
-        alive[last] = _bernoulli_exp_units([rest[i] for i in last], [dens[i] for i in last],
-                                           rng)
+        alive[last] = _bernoulli_exp_table(rest, list(dens), kinds[last], rng)
     return alive
 
 
-def _bernoulli_exp_units(nums: list[int], dens: list[int], rng: np.random.Generator
-                         ) -> np.ndarray:
-    """Bernoulli(exp(-num / den)) per lane for num / den in [0, 1]: `_bernoulli_exp_unit`
-    (K = the first k with A_k = 0, A_k ~ Bernoulli(gamma / k); true iff K is odd)."""
-    n = len(nums)
+#: integer parts at or above this are capped (`bernoulli_exps`): that many rounds never run
+_CAP = 1 << 62
+
+
+def _bernoulli_exp_table(nums: list[int], dens: list[int], kinds: NDArray[np.intp],
+                         rng: np.random.Generator) -> np.ndarray:
+    """Bernoulli(exp(-nums[j] / dens[j])) for lane i, j = kinds[i], every gamma in [0, 1]:
+    `_bernoulli_exp_unit` for every lane together (K = the first k with A_k = 0, A_k ~
+    Bernoulli(gamma / k); true iff K is odd).
+
+    Round by round, the lanes still drawing (in lane order) draw A_k as `bernoulli_ratios`
+    does for p = nums[j] / (dens[j] k): p >= 1 is a success and p = 0 a failure without a
+    draw; every other lane gets one 62-bit integer U (drawn together, in lane order) and
+    succeeds iff U < P = floor(p 2^62), goes on lane by lane (`_bernoulli_ratio` on p's
+    remaining digits) where U = P. P and the remainder are computed once per distinct (j,
+    k) of the round, in Python integers (exact for any size of num and den)."""
+    n = len(kinds)
     k = np.ones(n, dtype=np.int64)
-    todo = list(range(n))
-    while todo:
-        kk = [int(k[i]) for i in todo]
-        more = bernoulli_ratios([nums[i] for i in todo],
-                                [dens[i] * j for i, j in zip(todo, kk)], rng)
-        k[np.asarray(todo)[more]] += 1
-        todo = [i for i, m in zip(todo, more) if m]
+    todo = np.arange(n)
+    while todo.size:
+        kk = k[todo]
+        # the distinct (j, k) of this round (k is at most the number of rounds so far)
+        stride = int(kk.max()) + 1
+        pairs, inverse = np.unique(kinds[todo].astype(np.int64) * stride + kk,
+                                   return_inverse=True)
+        inverse = inverse.reshape(-1)
+        sure = np.zeros(len(pairs), dtype=bool)      # p >= 1: a success without a draw
+        never = np.zeros(len(pairs), dtype=bool)     # p = 0: a failure without a draw
+        tops = np.zeros(len(pairs), dtype=np.int64)  # P = floor(p 2^62) < 2^62
+        rests, denominators = [], []
+        for q, pair in enumerate(pairs.tolist()):
+            j, kj = divmod(pair, stride)
+            num, den = nums[j], dens[j] * kj
+            rem = 0
+            if num >= den:
+                sure[q] = True
+            elif num <= 0:
+                never[q] = True
+            else:
+                top, rem = divmod(num << _BITS, den)
+                tops[q] = top
+            rests.append(rem)
+            denominators.append(den)
+        more = sure[inverse].copy()
+        undecided = np.flatnonzero(~sure[inverse] & ~never[inverse])
+        if undecided.size:
+            bits = np.asarray(rng.integers(0, 1 << _BITS, size=undecided.size), dtype=np.int64)
+            top = tops[inverse[undecided]]
+            more[undecided] = bits < top
+            for i in undecided[bits == top].tolist():     # U = P: probability 2^-62 each
+                q = int(inverse[i])
+                more[i] = _bernoulli_ratio(rests[q], denominators[q], rng)
+        k[todo[more]] += 1
+        todo = todo[more]
     return k % 2 == 1
 
 

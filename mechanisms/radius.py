@@ -132,10 +132,20 @@ def exp_draw(answer: NDArray[np.int64], radius: NDArray[np.int64], epsilon: floa
     """One draw per query from `exp_probabilities`, exactly (mechanisms/exact.py: weight 1
     for the answer c and exp(-eps (r + 1)) for every other class, in rational arithmetic;
     a float draw realised another law, which an audit showed is not eps-DP)."""
-    eps = Fraction(float(epsilon))
+    a, b = Fraction(float(epsilon)).as_integer_ratio()        # eps = a / b exactly
     answer = np.asarray(answer, dtype=np.int64)
     radius = np.asarray(radius, dtype=np.int64)
     out = np.full(answer.shape, REFUSED, dtype=np.int64)
+    # gamma = eps (r + 1) = a (r + 1) / b once per distinct radius, in lowest terms (as
+    # Fraction holds it), each query pointing at its radius's row (`bernoulli_exps`)
+    distinct, kind = np.unique(radius, return_inverse=True)
+    kind = kind.reshape(-1)
+    nums, dens = [], []
+    for r in distinct.tolist():
+        g = a * (r + 1)
+        d = math.gcd(g, b)
+        nums.append(g // d)
+        dens.append(b // d)
     # `exponential_choice` for every query at once: a uniform class per query, the answer
     # always kept, another class kept with probability exp(-eps (r + 1)) (`bernoulli_exps`),
     # again for the queries whose proposal was not kept
@@ -145,9 +155,7 @@ def exp_draw(answer: NDArray[np.int64], radius: NDArray[np.int64], epsilon: floa
         keep = proposal == answer[active]
         other = np.flatnonzero(~keep)
         if other.size:
-            gammas = [eps * (int(r) + 1) for r in radius[active[other]].tolist()]
-            keep[other] = bernoulli_exps([g.numerator for g in gammas],
-                                         [g.denominator for g in gammas], rng)
+            keep[other] = bernoulli_exps(nums, dens, rng, kinds=kind[active[other]])
         out[active[keep]] = proposal[keep]
         active = active[~keep]
     return out

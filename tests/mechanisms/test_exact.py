@@ -402,3 +402,119 @@ def test_bulk_bernoulli_exp_catches_a_wrong_constant():
     got = bernoulli_exps([11] * n, [10] * n, rng).mean()
     p = math.exp(-1.0)
     assert abs(got - p) > 5 * math.sqrt(p * (1 - p) / n)
+
+
+def _lane_by_lane_exps(nums, dens, rng):
+    """The lane-by-lane form of the bulk exp draws (what `bernoulli_exps` computed before
+    its table form), built on `bernoulli_ratios`: the reference the table form must match
+    draw for draw."""
+    from mechanisms.exact import bernoulli_ratios
+
+    def units(nums, dens):
+        k = np.ones(len(nums), dtype=np.int64)
+        todo = list(range(len(nums)))
+        while todo:
+            more = bernoulli_ratios([nums[i] for i in todo],
+                                    [dens[i] * int(k[i]) for i in todo], rng)
+            k[np.asarray(todo)[more]] += 1
+            todo = [i for i, m in zip(todo, more) if m]
+        return k % 2 == 1
+
+    alive = np.ones(len(nums), dtype=bool)
+    left = [num // den for num, den in zip(nums, dens)]
+    todo = [i for i in range(len(nums)) if left[i] > 0]
+    while todo:
+        ok = units([1] * len(todo), [1] * len(todo))
+        nxt = []
+        for i, success in zip(todo, ok):
+            if not success:
+                alive[i] = False
+            else:
+                left[i] -= 1
+                if left[i] > 0:
+                    nxt.append(i)
+        todo = nxt
+    last = np.flatnonzero(alive)
+    if last.size:
+        alive[last] = units([nums[i] % dens[i] for i in last], [dens[i] for i in last])
+    return alive
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_table_exp_draws_match_the_lane_by_lane_form_draw_for_draw(seed):
+    """`bernoulli_exps` with a table of gammas and each lane's row consumes the generator
+    exactly as the lane-by-lane form: the same draws and the same generator state after,
+    for gammas of 0, below 1, with integer parts, near 1 and with numerators beyond 2^64."""
+    from mechanisms.exact import bernoulli_exps
+
+    pick = np.random.default_rng(100 + seed)
+    table = [Fraction(0), Fraction(1), Fraction(3, 10), Fraction(27, 10), Fraction(999, 1000),
+             Fraction(float(1e-3)) * 57, Fraction(2**70 + 1, 2**68), Fraction(1, 2**80)]
+    kinds = pick.integers(0, len(table), size=int(pick.integers(1, 400)))
+    nums, dens = [g.numerator for g in table], [g.denominator for g in table]
+    new, old = np.random.default_rng(seed), np.random.default_rng(seed)
+    got = bernoulli_exps(nums, dens, new, kinds=kinds)
+    want = _lane_by_lane_exps([nums[j] for j in kinds], [dens[j] for j in kinds], old)
+    assert got.tolist() == want.tolist()
+    assert new.integers(0, 1 << 62) == old.integers(0, 1 << 62)
+    # without a table: one row per lane
+    got = bernoulli_exps([nums[j] for j in kinds], [dens[j] for j in kinds], new)
+    want = _lane_by_lane_exps([nums[j] for j in kinds], [dens[j] for j in kinds], old)
+    assert got.tolist() == want.tolist()
+
+
+def test_table_exp_draws_go_on_past_a_tie_in_lane_order():
+    """U = P (probability 2^-62) continues with the next bits against p's rest, lane by lane
+    after the round's bulk draw: p = 1/3 (gamma = 1/3, k = 1) for three lanes, the second
+    tied and then above p; every later round's lanes fail."""
+    from mechanisms.exact import bernoulli_exps
+
+    top = (1 << 62) // 3
+    # round 1: lanes 0, 1, 2 draw U; lane 1 ties and its next 62 bits (all ones) are above
+    # p's rest: A_1 = 0 for lane 1, K = 1 (odd): true; lanes 0 and 2 go on (U < P) and meet
+    # p / 2 = 1/6 with U = 2^62 - 1 (A_2 = 0, K = 2: false)
+    rng = Scripted([top - 1, top, 0, (1 << 62) - 1, (1 << 62) - 1, (1 << 62) - 1])
+    got = bernoulli_exps([1], [3], rng, kinds=[0, 0, 0])
+    assert got.tolist() == [False, True, False]
+    assert rng.values == []
+
+
+def test_table_exp_draw_frequencies_per_row():
+    """Each lane follows exp(-gamma) of its own row (a wrong row or constant fails: the rows
+    differ by far more than 5 sigma)."""
+    from mechanisms.exact import bernoulli_exps
+
+    table = [Fraction(1, 10), Fraction(7, 5), Fraction(3)]
+    rng = np.random.default_rng(6)
+    kinds = np.tile([0, 1, 2], 40_000)
+    got = bernoulli_exps([g.numerator for g in table], [g.denominator for g in table], rng,
+                         kinds=kinds)
+    for j, g in enumerate(table):
+        p = math.exp(-float(g))
+        freq = got[kinds == j].mean()
+        assert abs(freq - p) < 5 * math.sqrt(p * (1 - p) / 40_000)
+
+
+def test_exp_radius_draw_matches_its_lane_by_lane_form():
+    """exp_draw (gammas once per distinct radius) returns what the per-query form returns
+    from the same generator state: a uniform class per query, a non-answer kept with
+    probability exp(-eps (r + 1)) lane by lane, again for the queries not kept."""
+    pick = np.random.default_rng(7)
+    n, classes, eps = 500, 4, 0.37
+    answer = pick.integers(0, classes, size=n)
+    radius = pick.integers(-1, 12, size=n)
+    new, old = np.random.default_rng(8), np.random.default_rng(8)
+    got = exp_draw(answer, radius, eps, classes, new)
+    want = np.full(n, REFUSED)
+    active = np.arange(n)
+    while active.size:
+        proposal = old.integers(0, classes, size=active.size)
+        keep = proposal == answer[active]
+        other = np.flatnonzero(~keep)
+        if other.size:
+            gammas = [Fraction(eps) * (int(r) + 1) for r in radius[active[other]]]
+            keep[other] = _lane_by_lane_exps([g.numerator for g in gammas],
+                                             [g.denominator for g in gammas], old)
+        want[active[keep]] = proposal[keep]
+        active = active[~keep]
+    assert got.tolist() == want.tolist()
