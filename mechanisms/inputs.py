@@ -14,6 +14,10 @@ datasets only if the bounds come from a selection rule with a nesting proof
 
 `Votes`: an ensemble's T teachers' votes (and their stability radii) for Q queries.
 
+Both are checked once, when built, and their arrays are read-only from then on, so what
+was checked stays true: `subset` (the service splits one certified batch per request)
+takes rows of them without checking again.
+
 `Source`: where the inputs come from: the private dataset they protect (the ledger refuses
 inputs of another dataset), the neighbouring relations their certificates hold under, and
 whether their radii are smooth. Both input types can be built from the certificates of
@@ -104,8 +108,8 @@ class Certified:
         check_query_ids(self.query_ids, None if pred is None else len(pred), problems)
         problems.check(isinstance(self.source, Source), "source must be a mechanisms.Source")
         problems.raise_if_any()
-        object.__setattr__(self, "prediction", pred)
-        object.__setattr__(self, "radius", radius)
+        object.__setattr__(self, "prediction", _frozen(pred))
+        object.__setattr__(self, "radius", None if radius is None else _frozen(radius))
         object.__setattr__(self, "n_classes", n_classes)
 
     @property
@@ -130,7 +134,9 @@ class Certified:
                          None if query_ids is None else tuple(query_ids))
 
     def subset(self, index) -> "Certified":
-        """The same inputs for the queries selected by `index`.
+        """The same inputs for the queries selected by `index`: rows of the checked,
+        read-only arrays, not checked again (a slice's rows are views, the query ids the
+        same strings).
 
         Args:
             index: a slice or an index array.
@@ -138,10 +144,10 @@ class Certified:
         Returns:
             A `Certified` of the selected queries.
         """
-        ids = None if self.query_ids is None else tuple(np.asarray(self.query_ids)[index])
-        return Certified(self.prediction[index],
-                         None if self.radius is None else self.radius[index],
-                         self.n_classes, self.source, ids)
+        at, ids = _pick(self.n_queries, self.query_ids, index)
+        return _checked(Certified, prediction=_frozen(self.prediction[at]),
+                        radius=None if self.radius is None else _frozen(self.radius[at]),
+                        n_classes=self.n_classes, source=self.source, query_ids=ids)
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,8 +178,8 @@ class Votes:
         check_query_ids(self.query_ids, None if votes is None else len(votes), problems)
         problems.check(isinstance(self.source, Source), "source must be a mechanisms.Source")
         problems.raise_if_any()
-        object.__setattr__(self, "votes", votes)
-        object.__setattr__(self, "radii", radii)
+        object.__setattr__(self, "votes", _frozen(votes))
+        object.__setattr__(self, "radii", None if radii is None else _frozen(radii))
         object.__setattr__(self, "n_classes", n_classes)
 
     @property
@@ -205,7 +211,8 @@ class Votes:
                      None if query_ids is None else tuple(query_ids))
 
     def subset(self, index) -> "Votes":
-        """The same votes for the queries selected by `index`.
+        """The same votes for the queries selected by `index` (rows of checked arrays, not
+        checked again: `Certified.subset`).
 
         Args:
             index: a slice or an index array.
@@ -213,9 +220,41 @@ class Votes:
         Returns:
             A `Votes` of the selected queries.
         """
-        ids = None if self.query_ids is None else tuple(np.asarray(self.query_ids)[index])
-        return Votes(self.votes[index], None if self.radii is None else self.radii[index],
-                     self.n_classes, self.source, ids)
+        at, ids = _pick(self.n_queries, self.query_ids, index)
+        return _checked(Votes, votes=_frozen(self.votes[at]),
+                        radii=None if self.radii is None else _frozen(self.radii[at]),
+                        n_classes=self.n_classes, source=self.source, query_ids=ids)
+
+
+def _frozen(arr: NDArray) -> NDArray:
+    """`arr`, read-only: checked inputs stay as they were checked (their subsets, views or
+    copies of checked rows, need no second check)."""
+    arr.setflags(write=False)
+    return arr
+
+
+def _pick(n: int, ids: tuple[str, ...] | None, index):
+    """(selector, ids) for the queries a 1-D numpy selection `index` (a slice, integer or
+    boolean array) takes of n queries: the selector takes the same rows of every array
+    (a slice as given, else the positions np.arange(n)[index], in its order), ids the same
+    entries of `ids` (None: none). A DataError where `index` selects no run of queries (a
+    single position, several dimensions)."""
+    if isinstance(index, slice):
+        return index, None if ids is None else ids[index]   # tuple slices as numpy does
+    at = np.arange(n)[index]
+    if at.ndim != 1:
+        raise DataError("subset takes a slice or a 1-D integer or boolean array of query "
+                        "positions")
+    return at, None if ids is None else tuple([ids[i] for i in at.tolist()])
+
+
+def _checked(cls, **fields):
+    """An input object built from parts of a checked one, without checking them again
+    (`subset`: rows of arrays that passed `__post_init__` and are read-only since)."""
+    obj = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(obj, name, value)
+    return obj
 
 
 def check_query_ids(ids, n: int | None, problems: Problems) -> None:

@@ -303,15 +303,20 @@ class PredictionService:
 
     def _dataset_can_pay(self) -> bool:
         """Whether the dataset's budget can pay for one more query (`Ledger.fits`), asked
-        once per batch. A ledger of the tight accountant composes a privacy-loss
-        distribution for it (about as costly as certifying a batch), so there the answer is
-        asked only at start and after the ledger refused a request on the dataset's budget;
-        once the budget cannot pay it never can again (spends only grow)."""
+        once per batch, of the totals the ledger committed last (``known``: no read of the
+        database; they are at most the recorded ones, so a False is final, and a True is
+        confirmed by the ledger inside its write transaction); of the database itself at
+        the first batch and after the ledger refused a request on the dataset's budget (its
+        totals then may be other replicas' newer ones). A ledger of the tight accountant
+        composes a privacy-loss distribution for it (about as costly as certifying a
+        batch), so there the answer is asked only at start and after such a refusal; once
+        the budget cannot pay it never can again (spends only grow)."""
         if self._charge is None or self._dataset_spent is True:
             return self._charge is None
         if self._ledger.accountant_name == "tight" and self._dataset_spent is False:
             return True
-        self._dataset_spent = not self._ledger.fits(1, *self._charge)
+        self._dataset_spent = not self._ledger.fits(1, *self._charge,
+                                                    known=self._dataset_spent is False)
         return not self._dataset_spent
 
     def _unpayable(self, principal: Principal, dataset_fits: bool) -> BudgetExceededError | None:

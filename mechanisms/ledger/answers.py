@@ -54,7 +54,7 @@ from numpy.typing import NDArray
 from agt.errors import DataError, PrivacyError
 from mechanisms.base import Mechanism
 from mechanisms.checks import check_delta, check_epsilon, privacy_problems
-from mechanisms.ledger.index import BLOCK_INT, DIGEST, digests_of
+from mechanisms.ledger.index import BLOCK_INT, DIGEST, digests_of, hash_bytes_of
 from mechanisms.ledger.records import (
     Answered,
     AnswerRequest,
@@ -63,6 +63,7 @@ from mechanisms.ledger.records import (
     _Prepared,
     idempotency_key_problem,
 )
+from mechanisms.ledger.schema import run_hashes
 from mechanisms.ledger.stores import StoreError
 from mechanisms.noise import REFUSED, make_generator
 
@@ -238,11 +239,14 @@ class AnsweringDoor:
                                f"answering door serves per-query mechanisms and stability-gated "
                                f"sessions (svt, ens-svt), which continue across requests")
         ids = inputs.query_ids
-        if ids is None or len(ids) != inputs.n_queries or not all(ids):
+        if ids is None or len(ids) != inputs.n_queries:
             raise PrivacyError("answering needs every query's hash (inputs.query_ids, "
                                "hash_query of its bytes): the answers are kept by it")
+        # 64 lowercase hex digits each (checked once here: the digests, the charge run's
+        # bytes), so no hash is empty or holds the key separator
+        hash_bytes = hash_bytes_of(ids)
         if "#" in mechanism.name or any(_KEY_SEPARATOR in str(v) for v in
-                                        (inputs.source.source_id, mechanism.name, *ids)):
+                                        (inputs.source.source_id, mechanism.name)):
             raise PrivacyError(f"source ids, mechanism names and query hashes of the answering "
                                f"door may not contain {_KEY_SEPARATOR!r} (nor a mechanism name "
                                f"'#'): they form the answers' keys")
@@ -257,7 +261,8 @@ class AnsweringDoor:
         key = request.idempotency_key
         if key is not None and idempotency_key_problem(key):
             raise IdempotencyError(idempotency_key_problem(key))
-        return _Prepared(request, guarantee, eps_c, delta_c, digests_of(ids))
+        return _Prepared(request, guarantee, eps_c, delta_c, hash_bytes,
+                         digests_of(hash_bytes))
 
     def has_idempotent_answer(self, client: str, key: str) -> bool:
         """Whether the client's idempotency key has a recorded answer (a retry of it is
@@ -335,7 +340,7 @@ class AnsweringDoor:
         mechanism, inputs = item.request.mechanism, item.request.inputs
         source = inputs.source
         unbound = self._bind_dataset(source.dataset_sha256)
-        ids = list(inputs.query_ids)
+        ids = inputs.query_ids
         namespace = (source.source_id, mechanism.name, canonical_params(mechanism), seeded)
         # each query once per request: its digest (the first 16 bytes of its hash)
         digests = item.digests
@@ -360,11 +365,11 @@ class AnsweringDoor:
             note += f"; client {item.request.client}"
         fresh_inputs = inputs.subset(new)
         if mechanism.per_query:
-            hashes = list(fresh_inputs.query_ids)
-            release_ids = np.asarray(self._record(item, hashes, len(hashes), seeded, note),
-                                     dtype=np.int64)
+            # the run's hashes: the new queries' bytes, checked when prepared
+            release_ids = np.asarray(self._record(item, item.hash_bytes[new].tobytes(),
+                                                  len(new), seeded, note), dtype=np.int64)
             fresh = np.asarray(self._draw(mechanism, fresh_inputs, rng), dtype=np.int64)
-            charges, sessions_opened, closed = len(hashes), 0, False
+            charges, sessions_opened, closed = len(new), 0, False
         else:
             fresh, release_ids, charges, sessions_opened, closed = self._answer_session(
                 item, fresh_inputs, rng, seeded, note)
@@ -404,7 +409,7 @@ class AnsweringDoor:
                 # a session that cannot be paid refuses the whole request (the caller's
                 # savepoint undoes its earlier sessions): no partial answer that a retry
                 # would answer otherwise
-                session_id = self._record(item, [session_hash], 1, seeded,
+                session_id = self._record(item, run_hashes([session_hash]), 1, seeded,
                                           f"{note}; a session across requests")[0]
                 state = mechanism.open_session(rng)
                 charges, opened = charges + 1, opened + 1

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from agt.errors import BudgetExceededError, PrivacyError
 from mechanisms.accounting import Composition
 from mechanisms.ledger.records import _Charge, _now
-from mechanisms.ledger.schema import run_hashes
+from mechanisms.ledger.schema import HASH_BYTES
 from mechanisms.ledger.stores import StoreError
 from mechanisms.rdp import curve_to_bytes
 
@@ -210,11 +210,12 @@ class ChargePath:
             f"{0.0 if spent is None else spent.epsilon!r}, delta="
             f"{0.0 if spent is None else spent.delta!r}) is spent; nothing was released")
 
-    def _record(self, item, hashes: Sequence[str], count: int, seeded: bool,
+    def _record(self, item, hashes: bytes, count: int, seeded: bool,
                 note: str) -> list[int]:
-        """The answering door's charge: `count` charges, one per hash, after the dataset's
-        and the client's budget checks (inside `answer_batch`'s write transaction), recorded
-        as one ``charge_runs`` row; returns their ids."""
+        """The answering door's charge: `count` charges, one per query hash (`hashes`: their
+        32 bytes each, in order, as `run_hashes` gives them), after the dataset's and the
+        client's budget checks (inside `answer_batch`'s write transaction), recorded as one
+        ``charge_runs`` row; returns their ids."""
         request = item.request
         eps, delta = float(item.eps_c), float(item.delta_c)
         self._check_budget(eps, delta, count)
@@ -223,10 +224,10 @@ class ChargePath:
                                       count)
         # one row for the request's charges (a run of consecutive ids): the same charges,
         # budget checks and totals as one row each, in fewer durable writes
-        if len(hashes) != count:
+        if not isinstance(hashes, bytes) or len(hashes) != HASH_BYTES * count:
             raise PrivacyError("internal: a run's hashes and its count differ")
         first = self._db.insert_run((int(count), _now(), request.inputs.source.source_id,
                                      request.mechanism.name, eps, delta, int(seeded), note,
-                                     run_hashes(hashes)))
+                                     hashes))
         self._add_totals(eps, delta, count, request.client)
         return list(range(first, first + count))

@@ -275,7 +275,8 @@ class Ledger(ChargePath, AnsweringDoor):
             return self.budget_epsilon - spent.epsilon, self.budget_delta
         return self.budget_epsilon - spent.epsilon, self.budget_delta - spent.delta
 
-    def fits(self, n_queries: int, epsilon: float, delta: float = 0.0) -> bool:
+    def fits(self, n_queries: int, epsilon: float, delta: float = 0.0, *,
+             known: bool = False) -> bool:
         """Would n_queries more charges of (epsilon, delta) stay within the budget?
         (Advisory: another process may spend in between; `release` re-checks atomically.)
 
@@ -283,6 +284,13 @@ class Ledger(ChargePath, AnsweringDoor):
             n_queries: the number of charges.
             epsilon: each charge's epsilon.
             delta: each charge's delta.
+            known: compose the running totals this object's last write transaction
+                committed, where it has them, instead of reading the database (the
+                prediction service asks once per batch). They are at most the recorded
+                totals (charges are only added, and every accountant's total grows with
+                them), so a False holds for the recorded charges too; a True, like every
+                answer here, is for the write transaction's own check to confirm. With one
+                process writing the ledger they are the recorded totals.
 
         Returns:
             Whether they fit now.
@@ -294,7 +302,10 @@ class Ledger(ChargePath, AnsweringDoor):
             curve = curve_of(float(epsilon), float(delta), None, "this spend")
             return self._compose_curves(self._recorded_curves() + [(curve, int(n_queries))]
                                         ).fits(self.budget_epsilon, self.budget_delta)
-        groups = self._recorded_groups() + [(float(epsilon), float(delta), int(n_queries))]
+        recorded = self._db.committed_totals(("spend",)) if known else None
+        if recorded is None:
+            recorded = self._recorded_groups()
+        groups = recorded + [(float(epsilon), float(delta), int(n_queries))]
         return self._compose(groups).fits(self.budget_epsilon, self.budget_delta)
 
     def has_open_session(self, client: str, source_id: str, mechanism: Mechanism) -> bool:

@@ -37,14 +37,15 @@ DIGEST = np.dtype("S16")
 BLOCK_INT = np.dtype("<i8")
 
 
-def digests_of(hashes: Sequence[str]) -> NDArray:
-    """The digests of query hashes (64 lowercase hex digits each, `hash_query`'s), at once.
+def hash_bytes_of(hashes: Sequence[str]) -> NDArray:
+    """The bytes of query hashes (64 lowercase hex digits each, `hash_query`'s), at once.
 
     Args:
         hashes: the queries' hashes.
 
     Returns:
-        An ``S16`` array: per hash, the first 16 bytes it encodes.
+        A (n, 32) ``uint8`` array: per hash, the 32 bytes it encodes (a charge run's
+        ``query_hashes`` are its rows' bytes, in order; a digest is a row's first 16).
 
     Raises:
         PrivacyError: a hash that is not 64 lowercase hex digits.
@@ -52,16 +53,33 @@ def digests_of(hashes: Sequence[str]) -> NDArray:
     joined = "".join(hashes)
     n = len(hashes)
     try:
+        # every hash 64 characters (together 64 n), lowercase, hex digits only (unhexlify
+        # takes no other character)
         if len(joined) != 64 * n or joined != joined.lower() or \
-                any(len(h) != 64 for h in hashes):
+                (n and set(map(len, hashes)) != {64}):
             raise ValueError
         raw = binascii.unhexlify(joined)
     except (ValueError, binascii.Error):
         raise PrivacyError("the answering door keeps answers by their queries' hashes: "
                            "inputs.query_ids must be 64 lowercase hex digits each "
                            "(hash_query / hash_queries of the query's bytes)") from None
-    full = np.frombuffer(raw, dtype=np.uint8).reshape(n, 32)
-    return np.ascontiguousarray(full[:, :16]).view(DIGEST).reshape(n)
+    return np.frombuffer(raw, dtype=np.uint8).reshape(n, 32)
+
+
+def digests_of(hashes: Sequence[str] | NDArray) -> NDArray:
+    """The digests of query hashes (`hash_bytes_of`'s checks), at once.
+
+    Args:
+        hashes: the queries' hashes, or their bytes as `hash_bytes_of` returns them.
+
+    Returns:
+        An ``S16`` array: per hash, the first 16 bytes it encodes.
+
+    Raises:
+        PrivacyError: a hash that is not 64 lowercase hex digits.
+    """
+    full = hashes if isinstance(hashes, np.ndarray) else hash_bytes_of(hashes)
+    return np.ascontiguousarray(full[:, :16]).view(DIGEST).reshape(len(full))
 
 
 def _prefixes(digests: NDArray) -> NDArray:

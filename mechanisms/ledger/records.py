@@ -51,10 +51,14 @@ def hash_queries(queries: ArrayLike) -> list[str]:
     arr = np.ascontiguousarray(np.asarray(queries))
     if arr.ndim == 0:
         raise PrivacyError("hash_queries needs an array with one query per row")
-    row = arr[0] if len(arr) else arr.reshape(arr.shape[1:])
-    prefix = f"{row.dtype.str}|{row.shape}|".encode()
-    flat = arr.reshape(len(arr), -1).view(np.uint8).reshape(len(arr), -1) if len(arr) else arr
-    return [hashlib.sha256(prefix + bytes(r)).hexdigest() for r in flat]
+    prefix = f"{arr.dtype.str}|{arr.shape[1:]}|".encode()      # `hash_query` of one row
+    if not len(arr):
+        return []
+    # every row's bytes from one copy of the C-order buffer: row i is data[i w:(i + 1) w]
+    flat = arr.reshape(len(arr), -1).view(np.uint8).reshape(len(arr), -1)
+    width, data, sha256 = flat.shape[1], flat.tobytes(), hashlib.sha256
+    return [sha256(prefix + data[i:i + width]).hexdigest()
+            for i in range(0, len(arr) * width, width)]
 
 
 def default_ledger_path(dataset_sha256: str) -> Path:
@@ -201,7 +205,9 @@ class _Prepared:
     guarantee: Guarantee
     eps_c: float
     delta_c: float
-    #: the queries' digests (`index.digests_of`)
+    #: the queries' hashes as bytes, (Q, 32) (`index.hash_bytes_of`, checked once)
+    hash_bytes: NDArray | None = None
+    #: the queries' digests (`index.digests_of`: the first 16 bytes of each)
     digests: NDArray | None = None
 
 

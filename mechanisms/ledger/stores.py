@@ -48,7 +48,6 @@ COMMIT, before anything is released, and the whole transaction is rolled back.
 
 from __future__ import annotations
 
-import copy
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -159,8 +158,34 @@ class _Savepoints:
     known: dict | None = None
     _saved: tuple | None = None
 
+    #: the running totals this connection's last committed write transactions knew (read
+    #: under their lock, with their own writes: the recorded totals at their commits), by
+    #: key as in `known`; totals only grow, so from then on they are at most the recorded
+    #: ones (`committed_totals`)
+    _committed: dict | None = None
+
     def _counters(self) -> tuple:
-        return (self.next_block, copy.deepcopy(self.known))
+        # (a deep copy: the values are the dataset's hash or dicts of numbers)
+        known = None if self.known is None else {
+            key: dict(value) if isinstance(value, dict) else value
+            for key, value in self.known.items()}
+        return (self.next_block, known)
+
+    def _keep_committed(self, known: dict | None) -> None:
+        """After a commit: keep what the transaction knew of the running totals."""
+        if known:
+            totals = {key: dict(value) for key, value in known.items()
+                      if isinstance(key, tuple)}
+            self._committed = {**(self._committed or {}), **totals}
+
+    def committed_totals(self, key: tuple) -> list[tuple[float, float, int]] | None:
+        """(epsilon, delta, count) of the running totals `key` (``("spend",)``, or
+        ``("client", id)``) as of the last commit of this connection that read them, or None
+        where none did. At most the recorded totals (charges are only added): a budget they
+        do not fit is not fitted by the recorded ones either; one they fit is for the write
+        transaction's own check to confirm."""
+        totals = (self._committed or {}).get(key)
+        return None if totals is None else [(e, d, c) for (e, d), c in totals.items()]
 
     def _restore(self, counters: tuple) -> None:
         self.next_block, self.known = counters
@@ -334,8 +359,10 @@ class SqliteStore(_Savepoints, _BlockReads):
         self.known = {}
 
     def commit(self) -> None:
+        known = self.known
         self._forget()
         self.execute("COMMIT")
+        self._keep_committed(known)
 
     def rollback(self) -> None:
         self._forget()
@@ -628,11 +655,13 @@ class PostgresStore(_Savepoints, _BlockReads):
             raise StoreError(self.reason(exc)) from None
 
     def commit(self) -> None:
+        known = self.known
         self._forget()
         # (pipelined: COMMIT and the sync in one round trip, then the outcome of it and of
         # every write queued before it; only then does the caller release anything)
         self.execute("COMMIT")
         self._leave_pipeline(failed=False)
+        self._keep_committed(known)
 
     def rollback(self) -> None:
         self._forget()

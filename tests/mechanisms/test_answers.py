@@ -218,6 +218,13 @@ def test_hash_queries_is_hash_query_of_every_row():
               np.arange(12).reshape(4, 3), rng.normal(size=(8, 6))[:, ::2]):
         assert hash_queries(x) == [hash_query(q) for q in x]
     assert len(set(hash_queries(rng.normal(size=(100, 3))))) == 100
+    # the bytes ledgers hold: SHA-256 of "<dtype>|<shape>|" and the row's C-order bytes
+    assert hash_queries(np.arange(6, dtype=np.float64).reshape(2, 3)) == [
+        "8ba00ca203f7a1899fd5771e3dbe4210b2140fbefb2c41789300798a7d519e06",
+        "9c62b84fa1e76f799656cc91418b2876082d24816e109bbd511b53fb46774f07"]
+    assert hash_queries(np.arange(4, dtype=np.int32).reshape(2, 1, 2))[1] == \
+        "1fe7da5badd68bb31bb914da599908629e5e3732c38696f3bbe4459beed06fca"
+    assert hash_queries(np.zeros((0, 3))) == []
 
 
 def test_a_session_that_cannot_be_paid_refuses_the_whole_request(tmp_path):

@@ -635,3 +635,22 @@ def test_kill_dash_nine_mid_write_loses_no_returned_label(name):
                     ledger.recorded_answers()}                        # KeyError: no charge
     assert len(recorded) == len(charges) >= len(got) == 200
     assert all(recorded[h] == v for h, v in got.items())
+
+
+def test_fits_of_the_known_totals_reads_nothing_and_never_over_counts(name):
+    """`fits(known=True)` composes the totals this object's last commit knew: after its own
+    charges they are the recorded ones, with no read of the database; charges of another
+    object make them an under-count (a True the write transaction corrects, never a False
+    the recorded charges would not give); a rolled-back charge is not in them."""
+    mech = make_mechanism("exp-radius", 0.5)
+    with Ledger.open(name, budget_epsilon=3.0) as ledger, Ledger.open(name) as other:
+        assert ledger.fits(6, 0.5, known=True)             # nothing known yet: read
+        ledger.answer(mech, certified(4, 1), client="a")
+        ledger._db.execute = None                          # reading now would fail
+        assert ledger.fits(2, 0.5, known=True) and not ledger.fits(3, 0.5, known=True)
+        del ledger._db.execute
+        other.answer(mech, certified(1, 2), client="b")    # 2.5 of 3.0 spent now
+        assert ledger.fits(2, 0.5, known=True) and not ledger.fits(2, 0.5)
+        out = ledger.answer_batch([AnswerRequest(mech, certified(2, 3), "a")])[0]
+        assert isinstance(out, BudgetExceededError)        # the ledger's own check decides
+        assert ledger.spent().epsilon == 2.5 and not ledger.fits(2, 0.5)

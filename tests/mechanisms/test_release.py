@@ -404,3 +404,33 @@ def test_laplace_beta_is_never_rounded_above_its_exact_value():
                         mpmath.mpf(eps) / 2)
             beta = smooth_beta(eps, delta, "laplace")
             assert mpmath.mpf(beta) <= exact and mpmath.mpf(beta) >= exact * (1 - 1e-13)
+
+
+@pytest.mark.parametrize("index", [slice(1, 4), slice(None, None, -2), slice(7, 99),
+                                   np.array([4, 0, 4]), np.array([True, False] * 3),
+                                   [2, -1]])
+def test_subset_takes_the_rows_of_checked_inputs_without_checking_again(index):
+    """A 1-D selection gives what the checked constructor gives for the same rows (ids
+    included), read-only like the inputs it came from; a single position is refused."""
+    from mechanisms import Votes
+
+    source = Source("s", "d" * 64, ("replace-one",), True)
+    ids = tuple(f"{i:064x}" for i in range(6))
+    pred, radius = np.array([0, 2, 1, 1, 0, 2]), np.array([-1, 0, 5, 3, 2, 9])
+    full = Certified(pred, radius, 3, source, ids)
+    part = full.subset(index)
+    want = Certified(pred[index], radius[index], 3, source,
+                     tuple(np.asarray(ids)[index].tolist()))
+    assert part.prediction.tolist() == want.prediction.tolist()
+    assert part.radius.tolist() == want.radius.tolist()
+    assert part.query_ids == want.query_ids and part.n_classes == 3 and part.source is source
+    assert part.prediction.dtype == np.int64 and part.radius.dtype == np.int64
+    for arr in (full.prediction, full.radius, part.prediction, part.radius):
+        with pytest.raises(ValueError, match="read-only"):
+            arr[0] = 1
+    votes = Votes(np.stack([pred, pred]).T, np.stack([radius, radius]).T, 3, source, ids)
+    vpart = votes.subset(index)
+    assert vpart.votes.tolist() == np.stack([pred, pred]).T[index].tolist()
+    assert vpart.query_ids == want.query_ids and not vpart.votes.flags.writeable
+    with pytest.raises(DataError, match="1-D"):
+        full.subset(2)                 # one row, not a run of queries

@@ -532,6 +532,42 @@ def test_a_client_that_cannot_pay_is_refused_before_any_certification(world, tmp
         service.close()
 
 
+def test_the_dataset_check_of_known_totals_lets_the_ledger_decide_other_writers(
+        world, tmp_path):
+    """The dataset's pre-check composes the totals the service's ledger committed last (no
+    read per batch). Spends of another writer (a replica) are not in them: the next request
+    is certified and the ledger refuses it inside its transaction, charging nothing; the
+    check after that refusal reads the ledger, and later requests are refused before any
+    certification."""
+    from agt.errors import BudgetExceededError
+    from agt.service.keys import Principal
+    from agt.service.server import PredictionService
+    from agt.store import read_bundle
+    from mechanisms import Certified, Ledger, make_mechanism
+
+    d, _, q = world
+    service = PredictionService(read_bundle(d / "b.h5"), make_mechanism("exp-radius", 1.0),
+                                tmp_path / "l.db", budget_epsilon=3.0)
+    try:
+        certified = _count_certified(service)
+        gus = Principal("gus", "client")
+        service.submit(gus, service.check_queries(q[:1])).result(60)
+        source = service._inputs_for(q[:1])[0].source            # (one more certification)
+        with Ledger.open(tmp_path / "l.db") as replica:          # spends the other 2.0
+            replica.answer(make_mechanism("exp-radius", 1.0),
+                           Certified(np.zeros(2, np.int64), np.zeros(2, np.int64), 2, source,
+                                     ("a" * 64, "b" * 64)), client="other")
+        with pytest.raises(BudgetExceededError, match="over the budget"):
+            service.submit(gus, service.check_queries(q[1:2])).result(60)   # the ledger's
+        with pytest.raises(BudgetExceededError, match="dataset's budget cannot pay"):
+            service.submit(gus, service.check_queries(q[2:3])).result(60)
+        assert certified == [1, 1, 1]               # the third request: not certified
+        with Ledger.open(tmp_path / "l.db") as ledger:
+            assert ledger.spent().epsilon == 3.0
+    finally:
+        service.close()
+
+
 def test_a_paid_retry_is_replayed_after_the_budget_is_spent(world, tmp_path):
     """A review's find: the check before certification refused a retry with the same
     Idempotency-Key once its request had spent the client's whole budget, so the labels paid
