@@ -7,12 +7,14 @@ request, and answer the requests through `Ledger.answer_batch`.
         [--postgres postgresql://postgres@127.0.0.1:5432]
 
 Per shape (``R x Q``: batches of R requests of Q new queries each, exp-radius at eps 1e-3,
-a fresh ledger): the milliseconds per batch of each step, the minimum over ``--rounds``
-batches and the spread (median - min). Every batch asks new queries (random points of
-the Blobs feature map), so no answer comes from the cache. ``--budget``: every client has
-its own budget (the client-budget check runs too); ``--profile``: a cProfile of every
-step after certification (hash, inputs, answer_batch). Only public APIs are used, so the
-script times any checkout (``PYTHONPATH=<checkout>``); it prints one JSON line.
+a fresh ledger): the milliseconds per batch of each step (the service's dataset check
+``Ledger.fits``, certify, hash, inputs, answer_batch; and the process CPU time of every step
+but certification, which leaves out waits for the disk and the database server), the
+minimum over ``--rounds`` batches and the spread (median - min). Every batch asks new
+queries (random points of the Blobs feature map), so no answer comes from the cache.
+``--budget``: every client has its own budget (the client-budget check runs too);
+``--profile``: a cProfile of every step but certification. Only public APIs are used, so
+the script times any checkout (``PYTHONPATH=<checkout>``); it prints one JSON line.
 """
 
 from __future__ import annotations
@@ -64,17 +66,29 @@ def drop(kind: str, server: str, made: list) -> None:
 
 def run_shape(certifier, ledger, mech, n_requests: int, size: int, rounds: int, seed: int,
               budget, profiler=None) -> dict:
+    import inspect
+
     import mechanisms
     from mechanisms.ledger import AnswerRequest, hash_queries
 
-    steps = {"certify": [], "hash": [], "inputs": [], "answer_batch": [], "total": []}
+    # the service's dataset check before each batch (`PredictionService._dataset_can_pay`),
+    # of the totals the ledger committed last where this checkout has them
+    known = {"known": True} if "known" in inspect.signature(ledger.fits).parameters else {}
+    steps: dict[str, list[float]] = {name: [] for name in (
+        "precheck", "certify", "hash", "inputs", "answer_batch", "total", "cpu_after_certify")}
     for k in range(rounds + 2):                       # two warm-up batches
         x = queries(n_requests * size, seed * 100_003 + k)
-        t0 = time.perf_counter()
+        if profiler is not None and k >= 2:
+            profiler.enable()
+        tp, cpu0 = time.perf_counter(), time.process_time()
+        assert ledger.fits(1, EPSILON, **known)
+        t0, cpu1 = time.perf_counter(), time.process_time()
+        if profiler is not None:
+            profiler.disable()
         cert = certifier.certify(x, radii=True)
         if profiler is not None and k >= 2:
             profiler.enable()
-        t1 = time.perf_counter()
+        t1, cpu2 = time.perf_counter(), time.process_time()
         hashes = hash_queries(x)
         t2 = time.perf_counter()
         inputs = mechanisms.Certified.from_certificate(cert, hashes, with_radii=True)
@@ -82,14 +96,15 @@ def run_shape(certifier, ledger, mech, n_requests: int, size: int, rounds: int, 
                                   f"client{i}", budget, None) for i in range(n_requests)]
         t3 = time.perf_counter()
         out = ledger.answer_batch(requests)
-        t4 = time.perf_counter()
+        t4, cpu3 = time.perf_counter(), time.process_time()
         if profiler is not None:
             profiler.disable()
         bad = [a for a in out if isinstance(a, Exception)]
         if bad:
             raise bad[0]
         if k >= 2:
-            for name, dt in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
+            for name, dt in zip(steps, (t0 - tp, t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - tp,
+                                        cpu1 - cpu0 + cpu3 - cpu2)):
                 steps[name].append(dt * 1000)
     return {name: {"min": float(np.min(v)), "median": float(np.median(v)),
                    "spread": float(np.median(v) - np.min(v))} for name, v in steps.items()}

@@ -197,7 +197,8 @@ class AnsweringDoor:
                 # under the write lock (module docstring): every block committed before
                 # this transaction is in the index before anything is decided
                 self._answer_index.catch_up(db)
-                for item in prepared:
+                committed = self._committed_answers(prepared, seeded)
+                for item, found in zip(prepared, committed):
                     if isinstance(item, Exception):
                         out.append(item)
                         continue
@@ -206,7 +207,7 @@ class AnsweringDoor:
                     db.savepoint()
                     mark = len(pending)
                     try:
-                        out.append(self._answer_idempotent(item, rng, seeded))
+                        out.append(self._answer_idempotent(item, rng, seeded, found))
                     except StoreError:
                         raise              # the database failed: every request rolls back
                     except (PrivacyError, DataError) as exc:
@@ -225,6 +226,36 @@ class AnsweringDoor:
         for block_id, namespace, digests, labels in pending:
             index.add(namespace, digests, labels)
             index.advance(block_id, digests, labels)
+        return out
+
+    def _committed_answers(self, prepared: list, seeded: bool) -> list:
+        """Per prepared request, its namespace and what the index holds for each of its
+        queries (found, label), looked up for every request of a namespace at once. Asked
+        after the catch-up, inside the write transaction: the index changes only after the
+        commit (`answer_batch`), so this is what each request's own lookup would find; the
+        answers of the transaction's earlier requests are its pending blocks
+        (`_cached_labels`)."""
+        params: dict[int, str] = {}          # one canonical form per mechanism object
+        spaces: dict[tuple, list[int]] = {}
+        namespaces: list = [None] * len(prepared)
+        for i, item in enumerate(prepared):
+            if isinstance(item, Exception):
+                continue
+            mechanism = item.request.mechanism
+            if id(mechanism) not in params:
+                params[id(mechanism)] = canonical_params(mechanism)
+            namespace = (item.request.inputs.source.source_id, mechanism.name,
+                         params[id(mechanism)], seeded)
+            namespaces[i] = namespace
+            spaces.setdefault(namespace, []).append(i)
+        out: list = [None] * len(prepared)
+        for namespace, members in spaces.items():
+            digests = [prepared[i].digests for i in members]
+            found, labels = self._answer_index.lookup(namespace, np.concatenate(digests))
+            start = 0
+            for i, d in zip(members, digests):
+                out[i] = (namespace, found[start:start + len(d)], labels[start:start + len(d)])
+                start += len(d)
         return out
 
     def _prepare_answer(self, request: AnswerRequest) -> _Prepared:
@@ -285,14 +316,14 @@ class AnsweringDoor:
                                 (client, key)).fetchone() is not None
 
     def _answer_idempotent(self, item: _Prepared, rng: np.random.Generator,
-                           seeded: bool) -> Answered:
+                           seeded: bool, committed: tuple) -> Answered:
         """`_answer_one`, or the answer recorded for the client's idempotency key: the
         request's digest (mechanism, parameters, source, query hashes) must match the one
         recorded with it. A new key's answer is recorded in this same transaction as its
         charges and labels, so a retry after any crash finds both or neither."""
         request = item.request
         if request.idempotency_key is None:
-            return self._answer_one(item, rng, seeded)
+            return self._answer_one(item, rng, seeded, committed)
         mechanism, inputs = request.mechanism, request.inputs
         # an unambiguous encoding (JSON), not a joined string: ("a|b",) and ("a", "b") differ
         digest = hashlib.sha256(json.dumps(
@@ -323,7 +354,7 @@ class AnsweringDoor:
                 raise IdempotencyError("the answer recorded for this Idempotency-Key is "
                                        "damaged; nothing was charged or released: use a new key")
             return replay
-        answered = self._answer_one(item, rng, seeded)
+        answered = self._answer_one(item, rng, seeded, committed)
         saved = {"labels": answered.labels.tolist(), "cached": answered.cached.tolist(),
                  "charged_epsilon": answered.charged_epsilon,
                  "charged_delta": answered.charged_delta, "seeded": answered.seeded,
@@ -334,18 +365,21 @@ class AnsweringDoor:
                                                   digest, json.dumps(saved), _now()))
         return answered
 
-    def _answer_one(self, item: _Prepared, rng: np.random.Generator,
-                    seeded: bool) -> Answered:
+    def _answer_one(self, item: _Prepared, rng: np.random.Generator, seeded: bool,
+                    committed: tuple) -> Answered:
+        """One request inside the batch's transaction; `committed`: its namespace and
+        what the index holds for each of its queries (`_committed_answers`)."""
         db = self._db
         mechanism, inputs = item.request.mechanism, item.request.inputs
         source = inputs.source
         unbound = self._bind_dataset(source.dataset_sha256)
         ids = inputs.query_ids
-        namespace = (source.source_id, mechanism.name, canonical_params(mechanism), seeded)
+        namespace, in_index, index_labels = committed
         # each query once per request: its digest (the first 16 bytes of its hash)
         digests = item.digests
         unique, first, inverse = np.unique(digests, return_index=True, return_inverse=True)
-        found, known = self._cached_labels(namespace, unique, ids, first)
+        found, known = self._cached_labels(namespace, unique, ids, first,
+                                           (in_index[first], index_labels[first]))
         hit = found[inverse]
         labels = np.where(hit, known[inverse], REFUSED).astype(np.int64)
         # the new queries in the order they were asked (their first occurrences)
@@ -442,13 +476,15 @@ class AnsweringDoor:
                                ) from None
 
     def _cached_labels(self, namespace: tuple, unique: NDArray, ids: Sequence[str],
-                       first: NDArray) -> tuple[NDArray, NDArray]:
+                       first: NDArray, committed: tuple[NDArray, NDArray]
+                       ) -> tuple[NDArray, NDArray]:
         """(found, label) per digest of `unique`: the answers released before in the
-        namespace (committed: the index, caught up under the lock; or earlier in this
-        transaction: its pending blocks), else, in a ledger answered before the blocks, its
-        ``answers`` table under the old key (the first 16 bytes of SHA-256(source |
-        mechanism name | hash)); `ids[first[i]]` is the hash of `unique[i]`."""
-        found, labels = self._answer_index.lookup(namespace, unique)
+        namespace (committed: the index, caught up under the lock, as `committed` gives
+        them, fresh arrays; or earlier in this transaction: its pending blocks), else, in a
+        ledger answered before the blocks, its ``answers`` table under the old key (the
+        first 16 bytes of SHA-256(source | mechanism name | hash)); `ids[first[i]]` is the
+        hash of `unique[i]`."""
+        found, labels = committed
         for _, space, digests, block_labels in self._pending or ():
             if space != namespace or found.all():
                 continue

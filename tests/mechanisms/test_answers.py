@@ -313,3 +313,25 @@ def test_the_index_finds_exactly_the_digests_it_holds_when_prefixes_collide():
             assert int(label) == held[digest]
     assert found.sum() == len(held) > 40
     assert not index.lookup(("s", "m", "q", False), asked)[0].any()
+
+
+def test_a_batch_looks_its_namespaces_up_once_and_sees_its_own_earlier_requests(tmp_path):
+    """The committed answers of a batch's requests are looked up per namespace at once:
+    each request still gets what is committed in its own namespace, the answers of the
+    batch's earlier requests in it, and nothing of another namespace (other parameters)."""
+    queries = certified(6, 11)
+    half, other = make_mechanism("exp-radius", 0.5), make_mechanism("exp-radius", 0.25)
+    with Ledger.open(tmp_path / "l.db", budget_epsilon=100.0) as ledger:
+        before = ledger.answer(half, queries.subset(slice(0, 2)))           # q0, q1
+        r1, r2, r3, r4 = ledger.answer_batch([
+            AnswerRequest(half, queries.subset(np.array([0, 2]))),          # q0 committed
+            AnswerRequest(other, queries.subset(np.array([0, 2]))),         # another space
+            AnswerRequest(half, queries.subset(np.array([2, 3, 1]))),       # q2 of r1
+            AnswerRequest(other, queries.subset(np.array([2, 4])))])        # q2 of r2
+        assert r1.cached.tolist() == [True, False] and r1.charges == 1
+        assert r1.labels[0] == before.labels[0]
+        assert r2.cached.tolist() == [False, False] and r2.charges == 2
+        assert r3.charges == 1 and r3.labels[0] == r1.labels[1]
+        assert r3.labels[2] == before.labels[1]
+        assert r4.charges == 1 and r4.labels[0] == r2.labels[1]
+        assert ledger.spent().epsilon == 0.5 * 4 + 0.25 * 3
