@@ -199,7 +199,11 @@ def bernoulli_exps(nums: list[int], dens: list[int], rng: np.random.Generator,
     as the lane-by-lane form's list of lanes with integer part left; integer parts are
     compared capped at 2^62, which changes nothing for t < 2^62 rounds (each round is a
     loop iteration)."""
-    kinds = np.arange(len(nums)) if kinds is None else np.asarray(kinds, dtype=np.intp)
+    if kinds is None:
+        kinds = np.arange(len(nums))
+    else:               # only the rows some lane points at
+        rows, kinds = distinct_rows(np.asarray(kinds, dtype=np.intp))
+        nums, dens = [nums[j] for j in rows.tolist()], [dens[j] for j in rows.tolist()]
     whole, rest = [], []
     for num, den in zip(nums, dens):
         if num < 0:
@@ -222,12 +226,25 @@ def bernoulli_exps(nums: list[int], dens: list[int], rng: np.random.Generator,
         todo = todo[ok & (lane_whole[todo] > t)]
     last = np.flatnonzero(alive)
     if last.size:
-        alive[last] = _bernoulli_exp_table(rest, list(dens), kinds[last], rng)
+        alive[last] = _bernoulli_exp_table(rest, dens, kinds[last], rng)
     return alive
 
 
 #: integer parts at or above this are capped (`bernoulli_exps`): that many rounds never run
 _CAP = 1 << 62
+
+
+def distinct_rows(values: NDArray[np.integer]) -> tuple[NDArray, NDArray[np.intp]]:
+    """The distinct values of a 1-D integer array, sorted, and each entry's row among them
+    (np.unique with return_inverse); a few values are sorted in Python, where numpy's cost
+    per call is most of the work (single-query requests)."""
+    if values.size <= 16:
+        distinct = sorted(set(values.tolist()))
+        row = {v: i for i, v in enumerate(distinct)}
+        return (np.asarray(distinct, dtype=values.dtype),
+                np.asarray([row[v] for v in values.tolist()], dtype=np.intp))
+    distinct, inverse = np.unique(values, return_inverse=True)
+    return distinct, inverse.reshape(-1)
 
 
 def _bernoulli_exp_table(nums: list[int], dens: list[int], kinds: NDArray[np.intp],
@@ -249,31 +266,30 @@ def _bernoulli_exp_table(nums: list[int], dens: list[int], kinds: NDArray[np.int
         kk = k[todo]
         # the distinct (j, k) of this round (k is at most the number of rounds so far)
         stride = int(kk.max()) + 1
-        pairs, inverse = np.unique(kinds[todo].astype(np.int64) * stride + kk,
-                                   return_inverse=True)
-        inverse = inverse.reshape(-1)
-        sure = np.zeros(len(pairs), dtype=bool)      # p >= 1: a success without a draw
-        never = np.zeros(len(pairs), dtype=bool)     # p = 0: a failure without a draw
-        tops = np.zeros(len(pairs), dtype=np.int64)  # P = floor(p 2^62) < 2^62
-        rests, denominators = [], []
-        for q, pair in enumerate(pairs.tolist()):
+        pairs, inverse = distinct_rows(kinds[todo].astype(np.int64) * stride + kk)
+        # per pair: 1 for p >= 1 (a success without a draw), -1 for p = 0 (a failure
+        # without a draw), else 0 with P = floor(p 2^62) < 2^62 and the remainder
+        fixed, tops, rests, denominators = [], [], [], []
+        for pair in pairs.tolist():
             j, kj = divmod(pair, stride)
             num, den = nums[j], dens[j] * kj
-            rem = 0
+            top = rem = 0
             if num >= den:
-                sure[q] = True
+                fixed.append(1)
             elif num <= 0:
-                never[q] = True
+                fixed.append(-1)
             else:
+                fixed.append(0)
                 top, rem = divmod(num << _BITS, den)
-                tops[q] = top
+            tops.append(top)
             rests.append(rem)
             denominators.append(den)
-        more = sure[inverse].copy()
-        undecided = np.flatnonzero(~sure[inverse] & ~never[inverse])
+        lane_fixed = np.asarray(fixed, dtype=np.int8)[inverse]
+        more = lane_fixed == 1
+        undecided = np.flatnonzero(lane_fixed == 0)
         if undecided.size:
             bits = np.asarray(rng.integers(0, 1 << _BITS, size=undecided.size), dtype=np.int64)
-            top = tops[inverse[undecided]]
+            top = np.asarray(tops, dtype=np.int64)[inverse[undecided]]
             more[undecided] = bits < top
             for i in undecided[bits == top].tolist():     # U = P: probability 2^-62 each
                 q = int(inverse[i])

@@ -84,7 +84,7 @@ from numpy.typing import ArrayLike, NDArray
 from agt.errors import PrivacyError
 from mechanisms.base import REFUSED, Mechanism, register
 from mechanisms.checks import check_delta, check_epsilon, check_params, privacy_problems
-from mechanisms.exact import bernoulli_exps, discrete_laplace
+from mechanisms.exact import bernoulli_exps, discrete_laplace, distinct_rows
 from mechanisms.guarantee import Guarantee
 from mechanisms.inputs import Certified, Votes
 from mechanisms.noise import (
@@ -138,8 +138,7 @@ def exp_draw(answer: NDArray[np.int64], radius: NDArray[np.int64], epsilon: floa
     out = np.full(answer.shape, REFUSED, dtype=np.int64)
     # gamma = eps (r + 1) = a (r + 1) / b once per distinct radius, in lowest terms (as
     # Fraction holds it), each query pointing at its radius's row (`bernoulli_exps`)
-    distinct, kind = np.unique(radius, return_inverse=True)
-    kind = kind.reshape(-1)
+    distinct, kind = distinct_rows(radius.reshape(-1))
     nums, dens = [], []
     for r in distinct.tolist():
         g = a * (r + 1)

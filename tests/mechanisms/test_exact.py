@@ -518,3 +518,14 @@ def test_exp_radius_draw_matches_its_lane_by_lane_form():
         want[active[keep]] = proposal[keep]
         active = active[~keep]
     assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 16, 17, 300])
+def test_distinct_rows_is_numpys_unique_with_its_inverse(n):
+    from mechanisms.exact import distinct_rows
+
+    values = np.random.default_rng(n).integers(-3, 9, size=n)
+    distinct, rows = distinct_rows(values)
+    want, inverse = np.unique(values, return_inverse=True)
+    assert distinct.tolist() == want.tolist() and rows.tolist() == inverse.tolist()
+    assert distinct.dtype == values.dtype
