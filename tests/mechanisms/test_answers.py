@@ -335,3 +335,33 @@ def test_a_batch_looks_its_namespaces_up_once_and_sees_its_own_earlier_requests(
         assert r3.labels[2] == before.labels[1]
         assert r4.charges == 1 and r4.labels[0] == r2.labels[1]
         assert ledger.spent().epsilon == 0.5 * 4 + 0.25 * 3
+
+
+def test_a_batch_writes_its_totals_once_and_each_check_sees_the_earlier_requests(tmp_path):
+    """The running totals' additions of a transaction are written at its commit, one row
+    each: within the batch every budget check still composes the charges of the requests
+    before it (client a's third request does not fit her budget after her first two), a
+    request undone at its savepoint leaves nothing in them, and the rows written equal the
+    scan of every charge."""
+    db = tmp_path / "l.db"
+    mech = make_mechanism("exp-radius", 0.5)  # 0.5 a query
+    with Ledger.open(db, budget_epsilon=100.0) as ledger:
+        out = ledger.answer_batch([
+            AnswerRequest(mech, certified(2, 21), "a", (1.5, 0.0)),
+            AnswerRequest(mech, certified(3, 22), "b"),
+            AnswerRequest(mech, certified(2, 23), "a", (1.5, 0.0)),     # a: 1.0 + 1.0 > 1.5
+            AnswerRequest(mech, certified(1, 24), "a", (1.5, 0.0)),
+            # c's first charges are not read (no budget): her next check still counts them
+            AnswerRequest(mech, certified(2, 25), "c"),
+            AnswerRequest(mech, certified(2, 26), "c", (1.5, 0.0))])
+        assert [getattr(o, "charges", None) for o in out] == [2, 3, None, 1, 2, None]
+        assert isinstance(out[2], BudgetExceededError) and "client a" in str(out[2])
+        assert isinstance(out[5], BudgetExceededError) and "client c" in str(out[5])
+        assert ledger.client_spent("a").epsilon == 1.5 and ledger.client_spent("b").epsilon == 1.5
+        scan = collections.Counter((e.epsilon, e.delta) for e in ledger.entries())
+    conn = sqlite3.connect(db)
+    totals = {(e, d): c for e, d, c in conn.execute("SELECT * FROM spend_totals")}
+    clients = sorted(conn.execute("SELECT * FROM client_totals"))
+    conn.close()
+    assert totals == scan == {(0.5, 0.0): 8}
+    assert clients == [("a", 0.5, 0.0, 3), ("b", 0.5, 0.0, 3), ("c", 0.5, 0.0, 2)]
