@@ -37,9 +37,11 @@ Fewer round trips, the same reads. Inside the write transaction (i) the store ke
 of what it read of the ledger's few hot rows (the bound dataset, the running totals) and
 adds its own writes to it (`_Savepoints`): by the proof, no other writer changes them until
 the commit, so the copy equals what a new read would return, and a rollback to a request's
-savepoint puts the copy back as the database puts back the rows; (ii) PostgreSQL's
-answering transaction runs in pipeline mode: BEGIN, the lock and the first reads are sent
-together, and writes whose results are not read are sent with the next read or the COMMIT.
+savepoint puts the copy back as the database puts back the rows; the additions to the
+totals are written once per row before the COMMIT, in the same transaction as the charges;
+(ii) PostgreSQL's answering transaction runs in pipeline mode: BEGIN, the lock and the
+first reads are sent together, and writes whose results are not read are sent with the
+next read or the COMMIT.
 The server runs a pipeline's statements one after the other, each read with its own
 snapshot taken when it starts, so every read still runs after the lock was granted and after
 every write before it; an error of any queued statement is raised at the next read or at the
