@@ -37,11 +37,9 @@ Fewer round trips, the same reads. Inside the write transaction (i) the store ke
 of what it read of the ledger's few hot rows (the bound dataset, the running totals) and
 adds its own writes to it (`_Savepoints`): by the proof, no other writer changes them until
 the commit, so the copy equals what a new read would return, and a rollback to a request's
-savepoint puts the copy back as the database puts back the rows; the additions to the
-totals are written once per row before the COMMIT, in the same transaction as the charges;
-(ii) PostgreSQL's answering transaction runs in pipeline mode: BEGIN, the lock and the
-first reads are sent together, and writes whose results are not read are sent with the
-next read or the COMMIT.
+savepoint puts the copy back as the database puts back the rows; (ii) PostgreSQL's
+answering transaction runs in pipeline mode: BEGIN, the lock and the first reads are sent
+together, and writes whose results are not read are sent with the next read or the COMMIT.
 The server runs a pipeline's statements one after the other, each read with its own
 snapshot taken when it starts, so every read still runs after the lock was granted and after
 every write before it; an error of any queued statement is raised at the next read or at the
@@ -152,22 +150,12 @@ class _Savepoints:
     values the database would return, without a round trip. The copy and the id counters
     (the next answer block id, read by the catch-up; PostgreSQL's next charge id) exist only
     between `begin_write` and the commit or rollback; a rollback to a request's savepoint
-    puts them back as they were at the savepoint, as the database does with its rows.
-
-    The additions to the running totals are kept here too (`add_totals`) and written at the
-    commit, one upsert per (totals row) for the whole transaction instead of two per
-    request, in the same transaction as the charges they count (`_write_totals`, before
-    the COMMIT: both are recorded or neither). Within the transaction every read of the
-    totals goes through `_totals`, which adds what is still to be written, so each budget
-    check composes exactly what a read after immediate writes would have returned."""
+    puts them back as they were at the savepoint, as the database does with its rows."""
 
     #: the next answer block id, known under the write lock (None: ask the table)
     next_block: int | None = None
     #: the write transaction's copy of what it read or wrote (None: outside one)
     known: dict | None = None
-    #: the write transaction's additions to the running totals not written yet, by key as
-    #: in `known` (("spend",), ("client", id)): {(epsilon, delta): count}
-    _adds: dict | None = None
     _saved: tuple | None = None
 
     #: the running totals this connection's last committed write transactions knew (read
@@ -181,9 +169,7 @@ class _Savepoints:
         known = None if self.known is None else {
             key: dict(value) if isinstance(value, dict) else value
             for key, value in self.known.items()}
-        adds = None if self._adds is None else {
-            key: dict(value) for key, value in self._adds.items()}
-        return (self.next_block, known, adds)
+        return (self.next_block, known)
 
     def _keep_committed(self, known: dict | None) -> None:
         """After a commit: keep what the transaction knew of the running totals."""
@@ -202,13 +188,12 @@ class _Savepoints:
         return None if totals is None else [(e, d, c) for (e, d), c in totals.items()]
 
     def _restore(self, counters: tuple) -> None:
-        self.next_block, self.known, self._adds = counters
+        self.next_block, self.known = counters
 
     def _forget(self) -> None:
         """At the start and end of every transaction: nothing is known outside the lock."""
         self.next_block = None
         self.known = None
-        self._adds = None
         self._saved = None
 
     def read_dataset(self) -> str | None:
@@ -232,9 +217,6 @@ class _Savepoints:
         if known is not None and key in known:
             return known[key]
         totals = _totals_of(self.execute(sql, params).fetchall())
-        # (inside a write transaction: with its additions not written yet)
-        for group, count in ((self._adds or {}).get(key) or {}).items():
-            totals[group] = totals.get(group, 0) + count
         if known is not None:
             known[key] = totals
         return totals
@@ -252,42 +234,22 @@ class _Savepoints:
 
     def add_totals(self, epsilon: float, delta: float, count: int, client: str = "") -> None:
         """Add `count` charges of (epsilon, delta) to the running totals (and the client's),
-        inside the write transaction: to the transaction's copy and its additions, written
-        at the commit (class docstring); outside one (no copy), at once."""
+        inside the write transaction."""
         epsilon, delta, count = float(epsilon), float(delta), int(count)
-        keys = (("spend",), ("client", client)) if client else (("spend",),)
-        known = self.known
-        if known is None:
-            for key in keys:
-                self._write_total(key, epsilon, delta, count)
-            return
-        if self._adds is None:
-            self._adds = {}
-        for key in keys:
-            adds = self._adds.setdefault(key, {})
-            adds[(epsilon, delta)] = adds.get((epsilon, delta), 0) + count
-            if key in known:
-                known[key][(epsilon, delta)] = known[key].get((epsilon, delta), 0) + count
-
-    def _write_total(self, key: tuple, epsilon: float, delta: float, count: int) -> None:
-        if key[0] == "spend":
-            self.write("INSERT INTO spend_totals (epsilon, delta, count) VALUES (?, ?, ?) "
-                       "ON CONFLICT (epsilon, delta) DO UPDATE SET count = spend_totals.count "
-                       "+ excluded.count", (epsilon, delta, count))
-        else:
+        self.write("INSERT INTO spend_totals (epsilon, delta, count) VALUES (?, ?, ?) "
+                   "ON CONFLICT (epsilon, delta) DO UPDATE SET count = spend_totals.count + "
+                   "excluded.count", (epsilon, delta, count))
+        if client:
             self.write("INSERT INTO client_totals (client, epsilon, delta, count) VALUES "
                        "(?, ?, ?, ?) ON CONFLICT (client, epsilon, delta) DO UPDATE SET count "
                        "= client_totals.count + excluded.count",
-                       (key[1], epsilon, delta, count))
-
-    def _write_totals(self) -> None:
-        """Before the COMMIT: the transaction's additions to the running totals, one upsert
-        per row (in the transaction: recorded with the charges they count, or not at all)."""
-        adds, self._adds = self._adds, None
-        for key, groups in (adds or {}).items():
-            for (epsilon, delta), count in groups.items():
-                if count:
-                    self._write_total(key, epsilon, delta, count)
+                       (client, epsilon, delta, count))
+        known = self.known
+        if known is None:
+            return
+        for key in (("spend",), ("client", client)) if client else (("spend",),):
+            if key in known:
+                known[key][(epsilon, delta)] = known[key].get((epsilon, delta), 0) + count
 
     def savepoint(self) -> None:
         self.write("SAVEPOINT request")
@@ -397,7 +359,6 @@ class SqliteStore(_Savepoints, _BlockReads):
         self.known = {}
 
     def commit(self) -> None:
-        self._write_totals()
         known = self.known
         self._forget()
         self.execute("COMMIT")
@@ -694,7 +655,6 @@ class PostgresStore(_Savepoints, _BlockReads):
             raise StoreError(self.reason(exc)) from None
 
     def commit(self) -> None:
-        self._write_totals()
         known = self.known
         self._forget()
         # (pipelined: COMMIT and the sync in one round trip, then the outcome of it and of

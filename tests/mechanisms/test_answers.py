@@ -337,11 +337,12 @@ def test_a_batch_looks_its_namespaces_up_once_and_sees_its_own_earlier_requests(
         assert ledger.spent().epsilon == 0.5 * 4 + 0.25 * 3
 
 
-def test_a_batch_writes_its_totals_once_and_each_check_sees_the_earlier_requests(tmp_path):
-    """The running totals' additions of a transaction are written at its commit, one row
-    each: within the batch every budget check still composes the charges of the requests
-    before it (client a's third request does not fit her budget after her first two), a
-    request undone at its savepoint leaves nothing in them, and the rows written equal the
+def test_each_check_of_a_batch_sees_the_earlier_requests_and_totals_match_the_charges(
+        tmp_path):
+    """Within one batch every budget check composes the charges of the requests before it
+    (client a's third request does not fit her budget after her first two; client c's
+    charges count at her next check though no check read them before), a request undone at
+    its savepoint leaves nothing in the running totals, and the totals written equal the
     scan of every charge."""
     db = tmp_path / "l.db"
     mech = make_mechanism("exp-radius", 0.5)  # 0.5 a query
