@@ -295,10 +295,13 @@ def test_small_batches_read_a_verdict_table_with_the_same_radii(model, loss, mon
     monkeypatch.setattr(c, "_verdict_table", table)
     monkeypatch.setattr(screen, "decide_grid", grid)
     assert c.certify(queries[:1]).radius is not None and tables == [True]
-    monkeypatch.setattr(certifier_module, "_TABLE_ELEMENTS", 1 << 40)
+    budgets = ("_TABLE_ELEMENTS", "_HIDDEN_TABLE_ELEMENTS")
+    for name in budgets:
+        monkeypatch.setattr(certifier_module, name, 1 << 40)
     small = [c.certify(queries[i:i + 8]) for i in range(0, len(queries), 8)]
     assert all(tables) and len(tables) == 1 + len(small) and sum(unsure) > 0
-    monkeypatch.setattr(certifier_module, "_TABLE_ELEMENTS", 0)
+    for name in budgets:
+        monkeypatch.setattr(certifier_module, name, 0)
     stepped = c.certify(queries)
     assert len(tables) == 1 + len(small)                  # no table at a budget of 0
     linear = c.certify_linear(queries)

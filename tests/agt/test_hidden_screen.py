@@ -161,7 +161,7 @@ def test_screened_search_decides_exactly_as_the_reference(case, monkeypatch):
     screen.decide_grid = counting(screen.decide_grid)
     screened = []
     for budget in (0, 1 << 40):          # per step; then every chunk as one verdict table
-        monkeypatch.setattr(certifier_module, "_TABLE_ELEMENTS", budget)
+        monkeypatch.setattr(certifier_module, "_HIDDEN_TABLE_ELEMENTS", budget)
         unsure.append(0)
         screened.append(c.certify(queries))
     linear = c.certify_linear(queries)
@@ -196,7 +196,7 @@ def test_release_inputs_are_unchanged_by_the_screen(monkeypatch):
 
     b, x = _bundle_and_queries("one hidden, one logit, float32")
     # the per-step search (a verdict table decides through `decide_grid`, tested above)
-    monkeypatch.setattr(certifier_module, "_TABLE_ELEMENTS", 0)
+    monkeypatch.setattr(certifier_module, "_HIDDEN_TABLE_ELEMENTS", 0)
     calls = []
     real = hidden_screen.HiddenLayerScreen.decide
 
