@@ -465,9 +465,9 @@ class Certifier:
         passes are then the cost, and one over Q K pairs saves nothing).
 
         The same decisions as the search's per-step test (`_screened_test`): the screen's
-        `decide_grid` decides each pair by the same formulas and bar as `decide` (a pair's
-        decision does not depend on the pairs tested beside it, and where the screen
-        decides it is the reference's), the overflow test is per pair, and the pairs the
+        `decide_grid` decides each pair by the same formulas and bar as `decide` (wherever
+        the screen decides a pair its decision is the reference's, whatever pairs are
+        tested beside it), the overflow test is per pair, and the pairs the
         screen cannot tell go to the reference in padded slots, max(n, ceil(u / n) n) for
         u of them (n = `_SCREEN_SLOTS` or `_HIDDEN_SLOTS`), so the work is that of Q K
         pairs and n reference slots whatever the radii, unless more than n pairs of the
