@@ -234,16 +234,27 @@ class HiddenLayerScreen:
         return nested and 3 * K * out * n_in * 8 <= MAX_TABLE_BYTES
 
     # -- the first layer: products shared by the queries of a box ---------------------------
-    def _first_layer(self, parts, box, fm):
+    def _first_layer(self, parts, box, fm, grid: bool = False):
         """(screen's box (Q, 1, out) after the first layer and its bias, e, m) with the
-        notation of the module docstring."""
+        notation of the module docstring. ``grid``: the rows are every box for every
+        query, in `decide_grid`'s order (row q K + k: query q at box k); the products D
+        and R are then one batched product per table instead of one per box (another
+        summation order of the same float32 products: the bar holds for any)."""
         am32, abs_am32, p0, a0t, t0, l1, ar_max, ok, a0t_max = parts
         Q = am32.shape[0]
         out = self.bm0.shape[1]
-        dk = am32.new_empty(Q, out)
-        rk = am32.new_empty(Q, out)
-        order = torch.argsort(box)
-        counts = torch.bincount(box, minlength=self.d32.shape[0]).tolist()
+        K = self.d32.shape[0]
+        if grid:
+            # (1, Q / K, n) x (K, n, out) -> (K, Q / K, out), then row q K + k
+            dk = torch.matmul(am32[::K].unsqueeze(0), self.d32).transpose(0, 1).reshape(Q, out)
+            rk = torch.matmul(abs_am32[::K].unsqueeze(0), self.br32).transpose(0, 1) \
+                .reshape(Q, out)
+            counts = ()
+        else:
+            dk = am32.new_empty(Q, out)
+            rk = am32.new_empty(Q, out)
+            order = torch.argsort(box)
+            counts = torch.bincount(box, minlength=K).tolist()
         start = 0
         for k, count in enumerate(counts):
             if not count:
@@ -431,8 +442,8 @@ class HiddenLayerScreen:
         return (am.to(torch.float32), abs_am.to(torch.float32), p0, a0t, t0, l1, ar_max, ok,
                 a0t_max)
 
-    def estimate(self, parts: tuple, pred: torch.Tensor,
-                 box: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def estimate(self, parts: tuple, pred: torch.Tensor, box: torch.Tensor,
+                 grid: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(A, e): the screen's value of the reference's margin bound at box[q] and the
         bound e on their distance (module docstring), inf where a magnitude is out of range.
 
@@ -440,9 +451,11 @@ class HiddenLayerScreen:
             parts: `prepare` of the queries.
             pred: (Q,) predicted classes.
             box: (Q,) box indices.
+            grid: the rows are `decide_grid`'s (every box for every query), which only
+                `decide_grid` passes.
         """
         fm = self.fm.graded(self.k_values.index_select(0, box))
-        h, e, m = self._first_layer(parts, box, fm)
+        h, e, m = self._first_layer(parts, box, fm, grid)
         worst = m.max(1).values
         for idx, layer in self.body[1:]:
             if layer.kind == "relu":
@@ -478,3 +491,24 @@ class HiddenLayerScreen:
         sure = (est - bar) > 0
         unsure = ~sure & ~((est + bar) < 0)
         return sure, unsure
+
+    def decide_grid(self, parts: tuple, pred: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`decide` of every query at every box: (sure, unsure), each (Q, K). The same
+        formulas and the same bar per pair as `decide` (each pair's decision is the
+        reference's wherever the screen decides, whatever the pairs around it), with the
+        first layer's products of a query taken against all K tables at once.
+
+        Args:
+            parts: `prepare` of the queries.
+            pred: (Q,) predicted classes.
+        """
+        K = self.d32.shape[0]
+        Q = pred.shape[0]
+        query = torch.arange(Q, device=pred.device).repeat_interleave(K)     # row q K + k
+        box = torch.arange(K, device=pred.device).repeat(Q)
+        rows = tuple(None if p is None else p.index_select(0, query) for p in parts)
+        est, err = self.estimate(rows, pred.index_select(0, query), box, grid=True)
+        bar = SAFETY * err
+        sure = (est - bar) > 0
+        unsure = ~sure & ~((est + bar) < 0)
+        return sure.reshape(Q, K), unsure.reshape(Q, K)

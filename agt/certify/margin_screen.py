@@ -132,3 +132,21 @@ class LinearMarginScreen:
         sure = (est - bar) > 0
         unsure = ~sure & ~((est + bar) < 0)
         return sure, unsure
+
+    def decide_grid(self, x_split: torch.Tensor, norm1: torch.Tensor,
+                    pred: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`decide` of every query at every box: (sure, unsure), each (Q, K), by `decide`
+        itself on the (query, box) pairs (each pair's decision depends on its own row
+        only).
+
+        Args:
+            x_split, norm1: `split` of the queries.
+            pred: (Q,) predicted classes.
+        """
+        K = self.slope.shape[0]
+        Q = pred.shape[0]
+        query = torch.arange(Q, device=pred.device).repeat_interleave(K)     # row q K + k
+        box = torch.arange(K, device=pred.device).repeat(Q)
+        sure, unsure = self.decide(x_split.index_select(0, query), norm1.index_select(0, query),
+                                   pred.index_select(0, query), box)
+        return sure.reshape(Q, K), unsure.reshape(Q, K)

@@ -75,6 +75,8 @@ def run(args) -> int:
     try:
         import fastapi  # noqa: F401
         import uvicorn
+
+        from agt.service.protocol import http_protocol
     except ImportError:
         raise ConfigError('agt serve needs the serve extra: pip install -e ".[serve]"') from None
     from agt.service.app import create_app
@@ -111,6 +113,8 @@ def run(args) -> int:
           f"{'query' if mechanism.per_query else 'session'} w.r.t. {g.relation} on "
           f"http://{args.host}:{args.port}/v1 (ledger {service.ledger_name}); Ctrl-C stops",
           flush=True)
-    # (the app limits the requests served at once: uvicorn's own limit answers plain text)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    # (the app limits the requests served at once: uvicorn's own limit answers plain text;
+    # the loop is uvloop where the serve extra installed it)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                http=http_protocol())
     return 0

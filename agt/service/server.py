@@ -156,16 +156,23 @@ class PredictionService:
         wait in the queue; nothing is refused for it)."""
         return self._warm.is_set()
 
-    def check_queries(self, x) -> np.ndarray:
+    def check_queries(self, x, *, booleans: bool = True) -> np.ndarray:
         """The queries as a float64 array (n, *input_shape), or a DataError naming the first
         problem (shape, a value that is not a finite number, a query outside the declared
-        domain)."""
+        domain).
+
+        Args:
+            x: the queries (nested lists of numbers, or an array).
+            booleans: False where the caller knows ``x`` holds no bool (a JSON body without
+                the bytes ``true`` and ``false``): the walk over every value that refuses
+                them is skipped.
+        """
         try:
             raw = np.asarray(x)
             if raw.dtype.kind not in "iuf":     # strings, booleans, ragged lists: refused
                 raise TypeError
-            if isinstance(x, list) and any(type(v) is bool
-                                           for v in np.asarray(x, dtype=object).ravel()):
+            if booleans and isinstance(x, list) and any(
+                    type(v) is bool for v in np.asarray(x, dtype=object).ravel()):
                 raise TypeError                  # true and false are not numbers
             # + 0.0 makes -0.0 the query 0.0 (one query, one hash, one charge)
             arr = raw.astype(np.float64) + 0.0

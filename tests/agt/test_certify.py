@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from agt.certify import Certifier, check_served_model
+from agt.certify import certifier as certifier_module
 from agt.errors import BundleError, DataError
+from agt.interval import Interval
 from agt.store import from_result
 from agt.training import train
 from tests.agt.test_training import perturb
@@ -211,7 +213,8 @@ def test_bundles_without_graded_passes_claim_no_smooth_radii():
 
 def test_the_radius_search_takes_the_same_steps_whatever_the_radius(monkeypatch):
     """A service answers refused and cached queries through the certifier too, so how long
-    the search takes must not depend on the radius: always ceil(log2(K + 1)) box tests."""
+    the search takes must not depend on the radius: always ceil(log2(K + 1)) box tests, or
+    one verdict table of every box for a small batch."""
     ds = blobs(300, seed=6)
     b = bundle_for(LOGISTIC_CE, "cross_entropy", ds, n_epochs=1, k_values="0..49")
     certifier = Certifier(b)
@@ -225,8 +228,84 @@ def test_the_radius_search_takes_the_same_steps_whatever_the_radius(monkeypatch)
     monkeypatch.setattr(Certifier, "_certified", counting)
     radius = certifier.certify(ds.x_test).radius
     steps = []
-    for r in (radius.min(), radius.max()):
-        calls.clear()
-        certifier.certify(ds.x_test[radius == r][:1])
-        steps.append(len(calls))
-    assert radius.min() < radius.max() and steps == [6, 6]       # 50 grid values: 6 steps
+    # the per-step search, then the verdict table's one pass (one padded reference call)
+    for budget in (0, certifier_module._TABLE_ELEMENTS):
+        monkeypatch.setattr(certifier_module, "_TABLE_ELEMENTS", budget)
+        for r in (radius.min(), radius.max()):
+            calls.clear()
+            certifier.certify(ds.x_test[radius == r][:1])
+            steps.append(len(calls))
+    assert radius.min() < radius.max() and steps == [6, 6, 1, 1]   # 50 grid values: 6 steps
+
+
+def _edge_queries(c: Certifier, x: np.ndarray, rng, n: int) -> np.ndarray:
+    """Pairs of queries a float apart on segments between queries of different classes,
+    where the prediction or the reference bound at a random box changes sign (bisection,
+    all segments at once): radii that change there, and pairs a screen cannot decide."""
+    pred = c.predict(x)
+    a = x[rng.choice(np.flatnonzero(pred == pred[0]), n)]
+    b = x[rng.choice(np.flatnonzero(pred != pred[0]), n)]
+    j = torch.as_tensor(rng.integers(0, len(c.k_values), n))
+
+    def side(t):
+        q = (1 - t)[:, None] * a + t[:, None] * b
+        p = torch.as_tensor(c.predict(q))
+        params = {m: Interval(c.lower[m][j], c.upper[m][j]) for m in c.trainable}
+        bound = c.margin_lower_bound(c._features(c._check_queries(q)), p, params,
+                                     c.fm.graded(c.k_float[j]))
+        return (bound > 0).numpy() * 2 + p.numpy()
+
+    lo, hi = np.zeros(n), np.ones(n)
+    s_lo = side(lo)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        same = side(mid) == s_lo
+        lo, hi = np.where(same, mid, lo), np.where(same, hi, mid)
+    return np.concatenate([(1 - lo)[:, None] * a + lo[:, None] * b,
+                           (1 - hi)[:, None] * a + hi[:, None] * b])
+
+
+@pytest.mark.parametrize("model,loss", [(LOGISTIC_CE, "cross_entropy"),
+                                         (LOGISTIC, "binary_cross_entropy"),
+                                         (MLP_BCE, "binary_cross_entropy")])
+def test_small_batches_read_a_verdict_table_with_the_same_radii(model, loss, monkeypatch):
+    """Small batches test every (query, box) pair in one pass (`_verdict_table`) and run
+    the search over the table: the radii equal the per-step search's and the linear scan's,
+    on random queries and on queries placed where a radius changes, including pairs the
+    screen leaves to the reference; a single query takes the table at the default budget."""
+    ds = blobs(300, seed=24)
+    b = bundle_for(model, loss, ds, n_epochs=2, k_values="0..30")
+    c = Certifier(b)
+    x = np.asarray(ds.x_test)
+    queries = np.concatenate([x[:16], _edge_queries(c, x, np.random.default_rng(25), 12)])
+    tables, unsure = [], []
+    screen = c.screen or c.hidden_screen
+    real_table, real_grid = c._verdict_table, screen.decide_grid
+
+    def table(*args):
+        out = real_table(*args)
+        tables.append(out is not None)
+        return out
+
+    def grid(*args):
+        sure, unsure_now = real_grid(*args)
+        unsure.append(int(unsure_now.sum()))
+        return sure, unsure_now
+
+    monkeypatch.setattr(c, "_verdict_table", table)
+    monkeypatch.setattr(screen, "decide_grid", grid)
+    assert c.certify(queries[:1]).radius is not None and tables == [True]
+    budgets = ("_TABLE_ELEMENTS", "_HIDDEN_TABLE_ELEMENTS")
+    for name in budgets:
+        monkeypatch.setattr(certifier_module, name, 1 << 40)
+    small = [c.certify(queries[i:i + 8]) for i in range(0, len(queries), 8)]
+    assert all(tables) and len(tables) == 1 + len(small) and sum(unsure) > 0
+    for name in budgets:
+        monkeypatch.setattr(certifier_module, name, 0)
+    stepped = c.certify(queries)
+    assert len(tables) == 1 + len(small)                  # no table at a budget of 0
+    linear = c.certify_linear(queries)
+    radius = np.concatenate([s.radius for s in small])
+    assert np.array_equal(radius, stepped.radius) and np.array_equal(radius, linear.radius)
+    assert np.array_equal(np.concatenate([s.prediction for s in small]), linear.prediction)
+    assert len(np.unique(radius)) > 3

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from agt.certify import Certifier, hidden_screen
+from agt.certify import certifier as certifier_module
 from agt.data import load_dataset
 from agt.interval import Interval
 from agt.store import from_result
@@ -136,34 +137,42 @@ def test_the_screen_is_used_and_its_error_bar_holds_without_the_safety_factor(ca
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_screened_search_decides_exactly_as_the_reference(case):
-    """Random and boundary-placed queries: the screened binary search, the unscreened one
-    and the linear scan give the same predictions and radii; in float64 boundary queries
-    reach the reference through the screen's unsure pairs (float32 queries cannot come
-    closer to a zero of the bound than a float32 step, far outside the bar)."""
+def test_screened_search_decides_exactly_as_the_reference(case, monkeypatch):
+    """Random and boundary-placed queries: the screened binary search (per step, and over
+    one verdict table of every box), the unscreened one and the linear scan give the same
+    predictions and radii; in float64 boundary queries reach the reference through the
+    screen's unsure pairs on both paths (float32 queries cannot come closer to a zero of
+    the bound than a float32 step, far outside the bar)."""
     b, x = _bundle_and_queries(case)
     c = Certifier(b)
     edge = _boundary_queries(c, x, np.random.default_rng(7), n=8)
     queries = np.concatenate([x, edge])
     unsure = []
     screen = c.hidden_screen
-    real = screen.decide
 
-    def counting(*args):
-        sure, unsure_now = real(*args)
-        unsure.append(int(unsure_now.sum()))
-        return sure, unsure_now
+    def counting(real):
+        def count(*args):
+            sure, unsure_now = real(*args)
+            unsure[-1] += int(unsure_now.sum())
+            return sure, unsure_now
+        return count
 
-    screen.decide = counting
-    screened = c.certify(queries)
+    screen.decide = counting(screen.decide)
+    screen.decide_grid = counting(screen.decide_grid)
+    screened = []
+    for budget in (0, 1 << 40):          # per step; then every chunk as one verdict table
+        monkeypatch.setattr(certifier_module, "_HIDDEN_TABLE_ELEMENTS", budget)
+        unsure.append(0)
+        screened.append(c.certify(queries))
     linear = c.certify_linear(queries)
     c._hidden = False
     plain = c.certify(queries)
-    for other in (linear, plain):
-        assert np.array_equal(screened.prediction, other.prediction)
-        assert np.array_equal(screened.radius, other.radius)
-        assert np.array_equal(screened.max_certified_k, other.max_certified_k)
-    assert sum(unsure) > 0 or CASES[case][3] == "float32"
+    for one in screened:
+        for other in (linear, plain):
+            assert np.array_equal(one.prediction, other.prediction)
+            assert np.array_equal(one.radius, other.radius)
+            assert np.array_equal(one.max_certified_k, other.max_certified_k)
+    assert min(unsure) > 0 or CASES[case][3] == "float32"
 
 
 def test_a_screen_with_too_small_an_error_bar_is_caught(monkeypatch):
@@ -184,9 +193,10 @@ def test_release_inputs_are_unchanged_by_the_screen(monkeypatch):
     screen switched off."""
     import mechanisms
     from agt import api
-    from agt.certify import certifier as certifier_module
 
     b, x = _bundle_and_queries("one hidden, one logit, float32")
+    # the per-step search (a verdict table decides through `decide_grid`, tested above)
+    monkeypatch.setattr(certifier_module, "_HIDDEN_TABLE_ELEMENTS", 0)
     calls = []
     real = hidden_screen.HiddenLayerScreen.decide
 
