@@ -199,6 +199,10 @@ def bad_requests(q):
         (b'{"queries": [[1, 2, 3, 4, 5, ' + b"9" * 5000 + b"]]}", 400),    # over json's ints
         (json.dumps({"queries": [[1, 2, 3, 4, 5, "6"]]}).encode(), 422),
         (json.dumps({"queries": [[1, 2, 3, 4, 5, True]]}).encode(), 422),
+        # JSON in UTF-16 or UTF-32 (the standard reader takes them): its true and false are
+        # not the bytes b"true" and b"false", and are still not numbers
+        *((json.dumps({"queries": [[1, 2, 3, 4, 5, value]]}).encode(encoding), 422)
+          for value in (True, False) for encoding in ("utf-16", "utf-16-be", "utf-32-le")),
     ]
 
 
