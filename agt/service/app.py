@@ -300,10 +300,14 @@ def create_app(service: PredictionService, keys_path, *,
             raise Refusal(400, '"queries" must be a non-empty list of queries')
         if len(queries) > max_queries:
             raise Refusal(413, f"at most {max_queries} queries per request, got {len(queries)}")
+        # a JSON true or false is written as its letters, never escaped: a UTF-8 body without
+        # the bytes b"true" and b"false" holds no boolean, and the check for one (a walk over
+        # every value) is skipped. The standard reader also takes UTF-16 and UTF-32 bodies,
+        # where those letters are other bytes: their walk is kept
+        booleans = (b"true" in body or b"false" in body
+                    or json.detect_encoding(body) not in ("utf-8", "utf-8-sig"))
         try:
-            # a JSON true or false is written as those bytes, never escaped: a body without
-            # them holds no boolean, and the check for one (a walk over every value) is skipped
-            return service.check_queries(queries, booleans=b"true" in body or b"false" in body)
+            return service.check_queries(queries, booleans=booleans)
         except DataError as exc:
             raise Refusal(422, str(exc)) from None
 

@@ -163,8 +163,8 @@ class PredictionService:
 
         Args:
             x: the queries (nested lists of numbers, or an array).
-            booleans: False where the caller knows ``x`` holds no bool (a JSON body without
-                the bytes ``true`` and ``false``): the walk over every value that refuses
+            booleans: False where the caller knows ``x`` holds no bool (a UTF-8 JSON body
+                without the bytes ``true`` and ``false``): the walk over every value that refuses
                 them is skipped.
         """
         try:
