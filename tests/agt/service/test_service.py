@@ -652,6 +652,49 @@ def test_a_request_that_is_not_http_is_refused_in_json(world, server):
         assert len(owner.ledger(limit=100_000)) == before
 
 
+def _raw_exchange(url: str, raw: bytes, timeout: float = 30) -> bytes:
+    """Send raw bytes on one connection; everything the server answers until it closes
+    (a reset after its answer, because it closed with bytes of ours unread, ends it too)."""
+    import socket
+
+    host, port = url.split("//", 1)[1].split(":")
+    answer = b""
+    with socket.create_connection((host, int(port)), timeout=timeout) as conn:
+        try:
+            conn.sendall(raw)
+            while chunk := conn.recv(65536):
+                answer += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+    return answer
+
+
+def test_an_unbounded_request_head_is_refused_early(world, server):
+    """A request line or header that never ends is refused once it passes h11's limit on
+    a request head (what httptools' parser does not bound), not buffered without end."""
+    _, keys, _ = world
+    for head in (b"GET /v1/info HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (256 << 10),
+                 b"GET /v1/info?" + b"a" * (256 << 10)):
+        answer = _raw_exchange(server.url, head, timeout=10)    # the head never ends
+        status, _, body = answer.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 400"), answer[:200]
+        assert json.loads(body)["detail"].startswith("malformed HTTP request"), body
+
+
+def test_a_pipelined_request_is_answered_before_a_broken_one_after_it(world, server):
+    """Requests pipelined on one connection are answered in order; an unreadable one after
+    a valid one is refused after the valid one's answer, which is not lost (it is charged)."""
+    d, keys, q = world
+    body = json.dumps({"queries": q[2100:2101].tolist()}).encode()
+    valid = (b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+             + keys["alice"].encode() + b"\r\nContent-Type: application/json\r\n"
+             + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    answer = _raw_exchange(server.url, valid + b"NOT HTTP\x01\r\n\r\n")
+    statuses = [part[:3] for part in answer.split(b"HTTP/1.1 ")[1:]]
+    assert statuses == [b"200", b"400"], answer[:400]
+    assert answer.rstrip().endswith(b"}") and b"malformed HTTP request" in answer
+
+
 def test_under_the_tight_accountant_a_spent_dataset_is_refused_after_one_refusal(
         world, tmp_path):
     """The tight accountant's composition is costly, so the dataset's pre-check asks it at
