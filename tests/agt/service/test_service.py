@@ -638,6 +638,9 @@ def test_a_request_that_is_not_http_is_refused_in_json(world, server):
     host, port = server.url.split("//", 1)[1].split(":")
     for raw in (b"POST /v1/predict HTTP/1.1 extra\r\n\r\n",
                 b"GET /v1/info HTTP/1.1\r\nHost: x\r\nBad\x01Name: 1\r\n\r\n",
+                # a body that cannot be read (a broken chunk): refused, not waited on
+                b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b'5\r\n{"que\r\nZZZ\r\n',
                 b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"):    # a TLS hello
         with socket.create_connection((host, int(port)), timeout=30) as conn:
             conn.sendall(raw)
