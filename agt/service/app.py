@@ -290,7 +290,7 @@ def create_app(service: PredictionService, keys_path, *,
         except ClientDisconnect:
             raise Refusal(400, "the client went away before the body was read") from None
         try:
-            data = _read_json(body)
+            data, utf8 = _read_json(body)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise Refusal(400, f"malformed JSON ({type(exc).__name__})") from None
         if not isinstance(data, dict) or set(data) != {"queries"}:
@@ -300,12 +300,11 @@ def create_app(service: PredictionService, keys_path, *,
             raise Refusal(400, '"queries" must be a non-empty list of queries')
         if len(queries) > max_queries:
             raise Refusal(413, f"at most {max_queries} queries per request, got {len(queries)}")
-        # a JSON true or false is written as its letters, never escaped: a UTF-8 body without
-        # the bytes b"true" and b"false" holds no boolean, and the check for one (a walk over
-        # every value) is skipped. The standard reader also takes UTF-16 and UTF-32 bodies,
-        # where those letters are other bytes: their walk is kept
-        booleans = (b"true" in body or b"false" in body
-                    or json.detect_encoding(body) not in ("utf-8", "utf-8-sig"))
+        # a JSON true or false is written as its letters, never escaped: a body orjson read
+        # (UTF-8) without the bytes b"true" and b"false" holds no boolean, and the check for
+        # one (a walk over every value) is skipped. The standard reader also takes UTF-16
+        # and UTF-32 bodies, where those letters are other bytes: their walk is kept
+        booleans = not utf8 or b"true" in body or b"false" in body
         try:
             return service.check_queries(queries, booleans=booleans)
         except DataError as exc:
@@ -432,19 +431,22 @@ def create_app(service: PredictionService, keys_path, *,
     return app
 
 
-def _read_json(body: bytes):
-    """The request body's JSON value: orjson's reader where it takes the body (RFC 8259 JSON
-    in UTF-8; numbers become Python floats and ints, as with the standard library, except
-    integers beyond 64 bits, which become the nearest float64: the value every query is
-    read as anyway), else the standard library's, which also reads what orjson refuses
-    (NaN, Infinity, a number beyond float64's range, a lone surrogate, UTF-16): those bodies
-    are answered (refused) as before."""
+def _read_json(body: bytes) -> tuple[object, bool]:
+    """The request body's JSON value, every number in it a float where it is an integer
+    beyond 64 bits (the nearest float64: how every query is read; infinite past float64's
+    range, which the query check refuses), and whether orjson's reader took the body.
+
+    orjson reads RFC 8259 JSON in UTF-8 and turns such integers into floats itself; what it
+    refuses (NaN, Infinity, a number beyond float64's range, a lone surrogate, UTF-16 or
+    UTF-32, a byte-order mark) goes to the standard library's reader, told to read integers
+    as floats, so both readers give the same numbers and NaN and Infinity are still refused
+    by the query check (422)."""
     if orjson is not None:
         try:
-            return orjson.loads(body)
+            return orjson.loads(body), True
         except orjson.JSONDecodeError:
             pass
-    return json.loads(body)
+    return json.loads(body, parse_int=float), False
 
 
 def _write_json(value) -> bytes:

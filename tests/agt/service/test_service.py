@@ -196,7 +196,7 @@ def bad_requests(q):
         (json.dumps({"queries": [[1.0] * 6] * 2001}).encode(), 413),
         (b'{"queries": [' + b"[1,1,1,1,1,1]," * 40000 + b"[1,1,1,1,1,1]]}", 413),
         (b'{"queries": [[1, 2, 3, 4, 5, ' + b"9" * 400 + b"]]}", 422),     # over float range
-        (b'{"queries": [[1, 2, 3, 4, 5, ' + b"9" * 5000 + b"]]}", 400),    # over json's ints
+        (b'{"queries": [[1, 2, 3, 4, 5, ' + b"9" * 5000 + b"]]}", 422),    # the same
         (json.dumps({"queries": [[1, 2, 3, 4, 5, "6"]]}).encode(), 422),
         (json.dumps({"queries": [[1, 2, 3, 4, 5, True]]}).encode(), 422),
         # JSON in UTF-16 or UTF-32 (the standard reader takes them): its true and false are
@@ -615,11 +615,6 @@ def test_a_malformed_idempotency_key_is_refused_before_any_work(world, server):
         r = httpx.post(server.url + "/v1/predict", json={"queries": q[2000:2003].tolist()},
                        timeout=60, headers={"authorization": f"Bearer {keys['alice']}",
                                             "idempotency-key": bad})
-        if bad == "a\x7fb" and r.status_code == 400:
-            # a DEL in a header value is not HTTP (RFC 9110): httptools' parser refuses the
-            # request before the application sees it (h11 lets it through to the 422 below)
-            assert r.json()["detail"].startswith("malformed HTTP request")
-            continue
         assert r.status_code == 422, (bad, r.text)
         assert "idempotency key" in r.json()["detail"]
     with Client(server.url, keys["owner"]) as owner:
