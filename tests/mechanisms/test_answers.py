@@ -227,6 +227,23 @@ def test_hash_queries_is_hash_query_of_every_row():
     assert hash_queries(np.zeros((0, 3))) == []
 
 
+def test_hash_queries_of_empty_rows_and_of_another_byte_order():
+    """Rows of no bytes hash as the empty query (as `hash_query` does), and a row of a 1-D
+    array of another byte order as that dtype: not as the native dtype of the same bytes,
+    which is another query (the hash `hash_queries` gave such rows up to 0.4.0)."""
+    import hashlib
+
+    from mechanisms.ledger import hash_queries
+
+    x = np.zeros((3, 0))
+    assert hash_queries(x) == [hash_query(q) for q in x]
+    assert hash_queries(np.zeros((2, 0, 3))) == [hash_query(np.zeros((0, 3)))] * 2
+    big = np.array([1.0, 2.0], dtype=">f8")
+    same_bytes = np.frombuffer(big.tobytes(), dtype="<f8")       # other numbers
+    assert hash_queries(big) != hash_queries(same_bytes)
+    assert hash_queries(big)[0] == hashlib.sha256(b">f8|()|" + big[:1].tobytes()).hexdigest()
+
+
 def test_a_session_that_cannot_be_paid_refuses_the_whole_request(tmp_path):
     """Cutoff 1 and boundary radii: every query closes its session, and the third session
     of one request exceeds the budget: the request is refused whole (no partial labels that
