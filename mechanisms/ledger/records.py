@@ -55,10 +55,11 @@ def hash_queries(queries: ArrayLike) -> list[str]:
     if not len(arr):
         return []
     # every row's bytes from one copy of the C-order buffer: row i is data[i w:(i + 1) w]
+    # (w = 0: every row is the empty query)
     flat = arr.reshape(len(arr), -1).view(np.uint8).reshape(len(arr), -1)
     width, data, sha256 = flat.shape[1], flat.tobytes(), hashlib.sha256
-    return [sha256(prefix + data[i:i + width]).hexdigest()
-            for i in range(0, len(arr) * width, width)]
+    return [sha256(prefix + data[i * width:(i + 1) * width]).hexdigest()
+            for i in range(len(arr))]
 
 
 def default_ledger_path(dataset_sha256: str) -> Path:
