@@ -159,3 +159,21 @@ def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
     if logits.shape[-1] == 1:
         return (logits[..., 0] > 0).to(torch.int64)
     return logits.argmax(dim=-1)
+
+
+def grid_pairs(n_rows: int, n_cols: int,
+               device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The (row, column) indices of every cell of an (n_rows, n_cols) grid, row-major
+    (cell r n_cols + c is row r, column c): a table of every (query, box) pair flattened.
+
+    Args:
+        n_rows: the number of rows (queries).
+        n_cols: the number of columns (boxes).
+        device: where the indices live.
+
+    Returns:
+        (rows, cols), each an int64 tensor of n_rows n_cols entries.
+    """
+    rows = torch.arange(n_rows, device=device).repeat_interleave(n_cols)
+    cols = torch.arange(n_cols, device=device).repeat(n_rows)
+    return rows, cols

@@ -31,7 +31,7 @@ from agt.errors import BundleError, DataError
 from agt.interval import BOUND_DTYPE, FloatModel, Interval
 from agt.stability import parameter_norm
 from agt.store import Bundle
-from agt.tensors import overflow_limit, predicted_classes, strict_kernels, torch_dtype
+from agt.tensors import grid_pairs, overflow_limit, predicted_classes, strict_kernels, torch_dtype
 
 # elements of the widest per-query tensor in one chunk: its temporaries (8 MB) stay below
 # glibc's largest mmap threshold (32 MB), so they reuse heap pages instead of mapping fresh
@@ -434,17 +434,26 @@ class Certifier:
         def test(j: torch.Tensor) -> torch.Tensor:
             sure, unsure = decide(j)
             ok = sure & self._fits_dtype(x_mag, j)
-            idx = unsure.nonzero().flatten()
-            slots = max(n_slots, -(-idx.numel() // n_slots) * n_slots)
-            padded = torch.zeros(slots, dtype=idx.dtype, device=idx.device)
-            padded[:idx.numel()] = idx
-            rows = (feats.map(lambda t: t[:, padded]) if isinstance(feats, Interval)
-                    else feats[padded])
-            ref = self._certified(rows, pred[padded], j[padded], x_mag[padded])
-            ok[idx] = ref[:idx.numel()]
-            return ok
+            return self._refer_unsure(ok, unsure, feats, pred, j, x_mag, n_slots)
 
         return test
+
+    def _refer_unsure(self, ok: torch.Tensor, unsure: torch.Tensor, feats, pred: torch.Tensor,
+                      box: torch.Tensor, x_mag: torch.Tensor, n_slots: int,
+                      query: torch.Tensor | None = None) -> torch.Tensor:
+        """``ok`` with the pairs a screen could not tell (``unsure``) decided by the
+        reference, `_certified`, in padded slots: max(n, ceil(u / n) n) pairs for u of
+        them (n = ``n_slots``), so the work does not depend on which pairs they are.
+        Pair i is query ``query[i]`` (i itself where None) at grid index ``box[i]``."""
+        idx = unsure.nonzero().flatten()
+        slots = max(n_slots, -(-idx.numel() // n_slots) * n_slots)
+        padded = torch.zeros(slots, dtype=idx.dtype, device=idx.device)
+        padded[:idx.numel()] = idx
+        q = padded if query is None else query[padded]
+        rows = feats.map(lambda t: t[:, q]) if isinstance(feats, Interval) else feats[q]
+        ref = self._certified(rows, pred[q], box[padded], x_mag[q])
+        ok[idx] = ref[:idx.numel()]
+        return ok
 
     def _table_width(self) -> int | None:
         """Floats per (query, box) pair of a verdict table (its cost per pair, for
@@ -482,17 +491,9 @@ class Certifier:
         else:
             return None
         Q, K = sure.shape
-        query = torch.arange(Q, device=pred.device).repeat_interleave(K)     # row q K + k
-        box = torch.arange(K, device=pred.device).repeat(Q)
+        query, box = grid_pairs(Q, K, pred.device)                       # row q K + k
         ok = sure.flatten() & self._fits_dtype(x_mag.index_select(0, query), box)
-        idx = unsure.flatten().nonzero().flatten()
-        slots = max(n_slots, -(-idx.numel() // n_slots) * n_slots)
-        padded = torch.zeros(slots, dtype=idx.dtype, device=idx.device)
-        padded[:idx.numel()] = idx
-        q = query[padded]
-        rows = feats.map(lambda t: t[:, q]) if isinstance(feats, Interval) else feats[q]
-        ref = self._certified(rows, pred[q], box[padded], x_mag[q])
-        ok[idx] = ref[:idx.numel()]
+        ok = self._refer_unsure(ok, unsure.flatten(), feats, pred, box, x_mag, n_slots, query)
         return ok.reshape(Q, K)
 
     # -- public ---------------------------------------------------------------------------

@@ -128,6 +128,7 @@ from agt import interval as iv
 from agt.bounded.layers import rule_for
 from agt.interval import BOUND_DTYPE, GRADE_FACTOR, FloatModel, Interval, gamma
 from agt.models import LayerSpec
+from agt.tensors import grid_pairs
 
 _U64 = 2.0**-53
 _TINY64 = torch.finfo(torch.float64).tiny
@@ -486,11 +487,7 @@ class HiddenLayerScreen:
             pred: (Q,) predicted classes.
             box: (Q,) box indices.
         """
-        est, err = self.estimate(parts, pred, box)
-        bar = SAFETY * err
-        sure = (est - bar) > 0
-        unsure = ~sure & ~((est + bar) < 0)
-        return sure, unsure
+        return _verdicts(*self.estimate(parts, pred, box))
 
     def decide_grid(self, parts: tuple, pred: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`decide` of every query at every box: (sure, unsure), each (Q, K). The same
@@ -504,11 +501,17 @@ class HiddenLayerScreen:
         """
         K = self.d32.shape[0]
         Q = pred.shape[0]
-        query = torch.arange(Q, device=pred.device).repeat_interleave(K)     # row q K + k
-        box = torch.arange(K, device=pred.device).repeat(Q)
+        query, box = grid_pairs(Q, K, pred.device)                       # row q K + k
         rows = tuple(None if p is None else p.index_select(0, query) for p in parts)
-        est, err = self.estimate(rows, pred.index_select(0, query), box, grid=True)
-        bar = SAFETY * err
-        sure = (est - bar) > 0
-        unsure = ~sure & ~((est + bar) < 0)
+        sure, unsure = _verdicts(*self.estimate(rows, pred.index_select(0, query), box,
+                                                grid=True))
         return sure.reshape(Q, K), unsure.reshape(Q, K)
+
+
+def _verdicts(est: torch.Tensor, err: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sure, unsure) of the screen's estimates and error bounds: certified for sure where
+    the estimate clears SAFETY times its error bound, undecided where it lies within it."""
+    bar = SAFETY * err
+    sure = (est - bar) > 0
+    unsure = ~sure & ~((est + bar) < 0)
+    return sure, unsure

@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from agt.interval import BOUND_DTYPE, GRADE_FACTOR, FloatModel, gamma
+from agt.tensors import grid_pairs
 
 _U64 = 2.0**-53
 #: Safety factor on the error bar: only makes more pairs go to the reference.
@@ -145,8 +146,7 @@ class LinearMarginScreen:
         """
         K = self.slope.shape[0]
         Q = pred.shape[0]
-        query = torch.arange(Q, device=pred.device).repeat_interleave(K)     # row q K + k
-        box = torch.arange(K, device=pred.device).repeat(Q)
+        query, box = grid_pairs(Q, K, pred.device)                       # row q K + k
         sure, unsure = self.decide(x_split.index_select(0, query), norm1.index_select(0, query),
                                    pred.index_select(0, query), box)
         return sure.reshape(Q, K), unsure.reshape(Q, K)
